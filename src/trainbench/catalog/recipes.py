@@ -1,0 +1,150 @@
+"""Recipe tables: the parallel layout and batch sizes of every seed row. Pure data.
+
+Each row is copied from a seed table (source named). A scale is a number of ranks:
+GPUs, or processes on a CPU machine. `tiny` rows exist for scales 1, 2 and 4 and run
+on any device; their global batch is the same at every scale so that losses can be
+compared across layouts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+SEED_LLAMA31 = "seed 002 (NeMo 2 Llama 3.1 recipe)"
+SEED_LLAMA2 = "seed 001 (MaxText Llama 2 70B recipe)"
+SEED_NEMOTRON4 = "seed 003 (NeMo 2 Nemotron-4 recipe)"
+SEED_NEMOTRON4_340B_OLD = "seed 000 (NeMo Launcher 24.11 Nemotron-4 340B recipe)"
+SEED_NEMOTRONH = "seed 004 (NeMo 2 Nemotron-H recipe)"
+TINY = "trainbench tiny proxy"
+
+ANY_DEVICE = "any"
+
+
+@dataclass(frozen=True)
+class RecipeRow:
+    workload: str
+    size: str
+    dtype: str
+    gpu_type: str
+    """GPU type the seed measured on ('h100'), or 'any' for tiny rows."""
+    gpus: int
+    seq_len: int
+    layers: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    vp: int
+    """Virtual pipeline stages per rank; 1 where the seed says NA."""
+    mbs: int
+    gbs: int
+    ga: int
+    source: str
+    dp_shard: int = 0
+    """Ranks each FSDP group shards over (MaxText's FSDP=128 at 512 GPUs); 0 = all of DP."""
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note=""):
+    """Expand a seed table: each entry is (gpus, tp, pp, cp, dp, vp, mbs, gbs, ga[, dp_shard])."""
+    out = []
+    for dtype in dtypes:
+        for entry in table:
+            gpus, tp, pp, cp, dp, vp, mbs, gbs, ga, *rest = entry
+            out.append(RecipeRow(workload, size, dtype, gpu_type, gpus, seq, layers, tp, pp, cp,
+                                 1, dp, vp, mbs, gbs, ga, source,
+                                 dp_shard=rest[0] if rest else 0, note=note))
+    return out
+
+
+BOTH = ("bf16", "fp8")
+
+RECIPES: list[RecipeRow] = [
+    # Llama 3.1 (seed 002).
+    *_rows("pretrain_llama3.1", "8b", BOTH, "h100", 8192, 32, SEED_LLAMA31, [
+        (g, 1, 1, 2, g // 2, 1, 1, 16 * g, 32) for g in (8, 16, 32, 64, 128)]),
+    *_rows("pretrain_llama3.1", "70b", ("bf16",), "h100", 8192, 80, SEED_LLAMA31, [
+        (g, 4, 4, 2, g // 32, 5, 1, 2 * g, 64) for g in (64, 128, 256, 512, 1024, 2048)]),
+    *_rows("pretrain_llama3.1", "70b", ("fp8",), "h100", 8192, 80, SEED_LLAMA31, [
+        (g, 4, 8, 1, g // 32, 5, 1, 2 * g, 64) for g in (64, 128, 256, 512, 1024, 2048)]),
+    *_rows("pretrain_llama3.1", "405b-proxy", BOTH, "h100", 8192, 8, SEED_LLAMA31, [
+        (32, 8, 1, 2, 2, 1, 1, 64, 32)]),
+    *_rows("pretrain_llama3.1", "405b-proxy", BOTH, "h100", 8192, 30, SEED_LLAMA31, [
+        (64, 8, 4, 2, 1, 8, 1, 64, 64)]),
+    *_rows("pretrain_llama3.1", "405b-proxy", BOTH, "h100", 8192, 62, SEED_LLAMA31, [
+        (128, 8, 4, 2, 2, 8, 1, 128, 64)]),
+    *_rows("pretrain_llama3.1", "405b", BOTH, "h100", 8192, 126, SEED_LLAMA31, [
+        (g, 8, 8, 2, g // 128, 8, 1, g // 2, 64) for g in (512, 1024, 2048)]),
+    # Llama 2 70B, MaxText: pure FSDP (+ DP beyond 256 GPUs), MBS 2, GBS = 2 x GPUs.
+    *_rows("pretrain_llama2", "70b", BOTH, "h100", 4096, 80, SEED_LLAMA2, [
+        (g, 1, 1, 1, g, 1, 2, 2 * g, 1, min(g, 256 if g <= 256 else 128))
+        for g in (64, 128, 256, 512, 1024, 2048)]),
+    # Nemotron-4 (seed 003; 340B at 128 GPUs only in the older seed 000).
+    *_rows("pretrain_nemotron4", "15b", BOTH, "h100", 4096, 32, SEED_NEMOTRON4, [
+        (g, 2, 1, 1, g // 2, 1, 2, 4 * g, 4) for g in (16, 32, 64, 128, 256, 512, 1024, 2048)]),
+    *_rows("pretrain_nemotron4", "340b", BOTH, "h100", 4096, 96, SEED_NEMOTRON4_340B_OLD, [
+        (128, 8, 8, 1, 2, 12, 1, 32, 16)],
+        note="only in the older seed 000, which runs VP=12"),
+    *_rows("pretrain_nemotron4", "340b", BOTH, "h100", 4096, 96, SEED_NEMOTRON4, [
+        (g, 8, 8, 1, g // 64, 1, 1, g // 4, 16) for g in (256, 512, 1024, 2048)],
+        note="the older seed 000 runs the same layout with VP=12; the newest seed (VP NA) is kept"),
+    # Nemotron-H 56B (seed 004): FP8 only.
+    *_rows("pretrain_nemotronh", "56b", ("fp8",), "h100", 8192, 118, SEED_NEMOTRONH, [
+        (g, 8, 1, 1, g // 8, 1, 1, 3 * g, 24) for g in (32, 64, 128, 256, 512, 1024, 2048)]),
+]
+
+# Tiny proxies: same global batch (8 sequences of 128 tokens) at every scale.
+_TINY_TABLE = [(1, 1, 1, 1, 1, 1, 2, 8, 4), (2, 1, 1, 1, 2, 1, 2, 8, 2), (4, 1, 1, 1, 4, 1, 2, 8, 1)]
+for _workload, _layers in (("pretrain_llama3.1", 4), ("pretrain_llama2", 4),
+                           ("pretrain_nemotron4", 4), ("pretrain_nemotronh", 6)):
+    RECIPES += _rows(_workload, "tiny", ("bf16", "fp32", "fp8"), ANY_DEVICE, 128, _layers, TINY,
+                     _TINY_TABLE)
+
+
+def rows_for(workload: str, size: str | None = None, dtype: str | None = None,
+             gpu_type: str | None = None) -> list[RecipeRow]:
+    """Rows matching every filter given; a gpu_type matches its own rows and 'any' rows."""
+    return [
+        r for r in RECIPES
+        if r.workload == workload
+        and (size is None or r.size == size)
+        and (dtype is None or r.dtype == dtype)
+        and (gpu_type is None or r.gpu_type in (gpu_type, ANY_DEVICE))
+    ]
+
+
+def dtypes_for(workload: str, size: str) -> list[str]:
+    return sorted({r.dtype for r in rows_for(workload, size)})
+
+
+def scales_for(workload: str, size: str, dtype: str, gpu_type: str | None = None) -> list[int]:
+    return sorted({r.gpus for r in rows_for(workload, size, dtype, gpu_type)})
+
+
+def find_row(workload: str, size: str, dtype: str, gpus: int, gpu_type: str) -> RecipeRow:
+    """The row for this workload/size/dtype/scale on this GPU type.
+
+    GPU types the seeds did not measure use the H100 row, and say so in the row's note:
+    the layout is a starting point there, not a published recipe.
+    """
+    candidates = rows_for(workload, size, dtype)
+    if not candidates:
+        raise LookupError(
+            f"{workload} {size} has no {dtype} recipe; dtypes: {', '.join(dtypes_for(workload, size))}")
+    own = [r for r in candidates if r.gpu_type in (gpu_type, ANY_DEVICE)]
+    borrowed = not own
+    pool = own or [r for r in candidates if r.gpu_type == "h100"]
+    for row in pool:
+        if row.gpus == gpus:
+            if borrowed:
+                from dataclasses import replace
+                return replace(row, note=(row.note + "; " if row.note else "")
+                               + f"no {gpu_type} recipe in the seeds: H100 layout used")
+            return row
+    scales = ", ".join(str(s) for s in sorted({r.gpus for r in pool}))
+    raise LookupError(f"{workload} {size} {dtype} has no recipe row for scale {gpus}; "
+                      f"scales: {scales} (or override the layout with --set)")

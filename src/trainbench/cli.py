@@ -1,0 +1,230 @@
+"""trainbench's command line: a thin Typer app over catalog, plan, launch and results.
+
+Importing this module must not import torch (fast `--help`, `list`, `show`, `flops`):
+commands import what they need inside their bodies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Optional
+
+import typer
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="LLM pretraining benchmarks on PyTorch distributed: the NVIDIA recipe workloads, "
+         "on this machine or a Slurm cluster, compared with the published numbers.",
+)
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    """One clear line on stderr and a non-zero exit; never a traceback."""
+    typer.echo(f"trainbench: error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def console():
+    from rich.console import Console
+    # Piped output (CI logs, `| tee`) gets wide tables instead of rich's 80 columns.
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def env_bool(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+WORKLOAD_OPT = typer.Option(..., "-w", "--workload", help="Workload key, e.g. pretrain_llama3.1.")
+SIZE_OPT = typer.Option(..., "-s", "--size", envvar="MODEL_SIZE", help="Model size, e.g. 8b, tiny.")
+
+
+@app.command("list")
+def list_workloads(
+    workload: Optional[str] = typer.Option(None, "-w", "--workload", help="Only this workload."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Only rows for this GPU type."),
+):
+    """Workloads, sizes, dtypes and the scales each has a recipe for."""
+    from rich.table import Table
+
+    from .catalog import models, recipes
+    if workload and workload not in models.WORKLOADS:
+        fail(f"unknown workload {workload!r}; known workloads: {', '.join(models.WORKLOADS)}")
+    table = Table(title="trainbench workloads")
+    for col in ("workload", "size", "dtype", "gpu", "scales (ranks)", "layout at smallest scale"):
+        table.add_column(col)
+    for wl in models.WORKLOADS:
+        if workload and wl != workload:
+            continue
+        for size in models.sizes(wl):
+            for dtype in recipes.dtypes_for(wl, size):
+                rows = recipes.rows_for(wl, size, dtype, gpu)
+                if not rows:
+                    continue
+                gpus = sorted({r.gpu_type for r in rows})
+                first = min(rows, key=lambda r: r.gpus)
+                layout = (f"TP{first.tp} PP{first.pp} CP{first.cp} DP{first.dp}"
+                          + (f" VP{first.vp}" if first.vp > 1 else "")
+                          + f" MBS{first.mbs} GBS{first.gbs} GA{first.ga}")
+                table.add_row(wl, size, dtype, ",".join(gpus),
+                              " ".join(str(r) for r in sorted({r.gpus for r in rows})), layout)
+    console().print(table)
+
+
+def _resolve_model(workload: str, size: str):
+    from .catalog import models
+    try:
+        return models.get_model(workload, size)
+    except LookupError as err:
+        fail(str(err))
+
+
+@app.command()
+def show(
+    workload: str = WORKLOAD_OPT,
+    size: str = SIZE_OPT,
+    dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE", help="bf16, fp8 or fp32."),
+    scale: Optional[int] = typer.Option(None, "--scale", envvar="JOB_TOTAL_GPUS",
+                                        help="Number of ranks (GPUs)."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU type for the recipe and the reference."),
+):
+    """Architecture, parameter count, FLOPs per sequence, recipe rows and references."""
+    from rich.table import Table
+
+    from . import flops as fl
+    from . import metrics
+    from .catalog import hardware, recipes, references
+    from .catalog.models import parameter_count
+    size = size.lower()
+    model = _resolve_model(workload, size)
+    if gpu.lower() not in hardware.GPUS and gpu.lower() != hardware.CPU:
+        fail(f"unknown GPU type {gpu!r}; known types: {', '.join(hardware.GPUS)} (or 'cpu')")
+    dtypes = recipes.dtypes_for(workload, size)
+    if dtype and dtype.lower() not in dtypes:
+        fail(f"{workload} {size} has no {dtype} recipe; dtypes: {', '.join(dtypes)}")
+    out = console()
+    arch = Table(title=f"{model.name} ({workload} {size})", show_header=False)
+    arch.add_column("field")
+    arch.add_column("value")
+    fields = ["vocab_size", "hidden", "ffn", "layers", "heads", "kv_heads", "head_dim", "seq_len",
+              "mlp", "norm", "rope_base", "rotary_fraction", "rope_scaling", "position_embedding"]
+    if model.is_hybrid:
+        fields += ["pattern", "mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups",
+                   "mamba_chunk"]
+    for f in fields:
+        arch.add_row(f, str(getattr(model, f)))
+    arch.add_row("parameters", f"{parameter_count(model):,} ({parameter_count(model) / 1e9:.2f} B)")
+    for conv in fl.CONVENTIONS:
+        value = fl.flops_per_sequence(model, convention=conv)
+        arch.add_row(f"FLOPs/sequence ({conv})", f"{fl.round_sig(value, 4):.4g} ({value:.6e})")
+    out.print(arch)
+
+    rows = [r for r in recipes.rows_for(workload, size, dtype and dtype.lower(), gpu.lower())
+            if scale is None or r.gpus == scale]
+    if scale is not None and not rows:
+        scales = recipes.scales_for(workload, size, dtype.lower() if dtype else dtypes[0])
+        fail(f"{workload} {size} has no recipe row for scale {scale}; scales: "
+             + ", ".join(map(str, scales)))
+    rt = Table(title="Recipe rows")
+    for col in ("dtype", "gpu", "GPUs", "seq", "layers", "TP", "PP", "CP", "EP", "DP", "VP", "MBS",
+                "GBS", "GA", "source"):
+        rt.add_column(col)
+    for r in rows:
+        rt.add_row(r.dtype, r.gpu_type, str(r.gpus), str(r.seq_len), str(r.layers), str(r.tp),
+                   str(r.pp), str(r.cp), "NA", str(r.dp), str(r.vp) if r.vp > 1 else "NA",
+                   str(r.mbs), str(r.gbs), str(r.ga), r.source + (f" ({r.note})" if r.note else ""))
+    out.print(rt)
+
+    refs = [r for r in references.references_for(workload, size)
+            if (dtype is None or r.dtype == dtype.lower()) and (scale is None or r.gpus == scale)]
+    if refs:
+        ref_table = Table(title="Published reference (H100)")
+        for col in ("dtype", "GPUs", "step time (s)", "tokens/s", "MFU (seed)",
+                    "MFU (published, recomputed)", "days per 1T tokens"):
+            ref_table.add_column(col)
+        for ref in refs:
+            row = recipes.find_row(workload, size, ref.dtype, ref.gpus, "h100")
+            spec = model.with_layers(row.layers) if not model.is_hybrid else model
+            f = fl.flops_per_sequence(spec, row.seq_len)
+            peak = hardware.GPUS["h100"].peak(ref.dtype)
+            recomputed = metrics.mfu(row.gbs, f, ref.step_time_s, ref.gpus, peak)
+            ref_table.add_row(ref.dtype, str(ref.gpus), f"{ref.step_time_s:g}",
+                              f"{ref.tokens_per_s:,.0f}", f"{ref.mfu_pct:.2f}%",
+                              f"{100 * recomputed:.2f}%",
+                              f"{ref.days_1t:g}" if ref.days_1t is not None else "n/a")
+        out.print(ref_table)
+
+
+@app.command()
+def flops(
+    workload: str = WORKLOAD_OPT,
+    size: str = SIZE_OPT,
+    convention: str = typer.Option("published", "--convention",
+                                   help="'published' (the seed's formula) or 'causal' (Megatron)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length."),
+    gbs: Optional[int] = typer.Option(None, "--gbs", help="Global batch for MFU."),
+    step_time: Optional[float] = typer.Option(None, "--step-time", help="Seconds per step."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs for MFU."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU type for the peak."),
+    dtype: str = typer.Option("bf16", "--dtype", help="Peak dtype."),
+    peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops",
+                                                help="Peak TFLOPS of an unknown device."),
+):
+    """FLOPs per sequence by part; with --gbs/--step-time/--gpus, also tokens/s and MFU."""
+    from . import flops as fl
+    from . import metrics
+    from .catalog import hardware
+    model = _resolve_model(workload, size)
+    if convention not in fl.CONVENTIONS:
+        fail(f"unknown convention {convention!r}; use one of {', '.join(fl.CONVENTIONS)}")
+    if seq_len is not None and seq_len < 1:
+        fail("--seq-len must be at least 1")
+    seq = seq_len or model.seq_len
+    parts = fl.flops_breakdown(model, seq, convention)
+    total = sum(parts.values())
+    for part, value in parts.items():
+        if value:
+            typer.echo(f"{part:>10}: {value:.4e}  ({100 * value / total:.1f}%)")
+    typer.echo(f"{'total':>10}: {total:.4e} FLOPs per sequence of {seq} tokens ({convention}), "
+               f"{fl.round_sig(total):.3g} as the seeds print it")
+    given = [v is not None for v in (gbs, step_time, gpus)]
+    if any(given) and not all(given):
+        fail("MFU needs all of --gbs, --step-time and --gpus")
+    if all(given):
+        if min(gbs, gpus) < 1 or step_time <= 0:
+            fail("--gbs and --gpus must be at least 1 and --step-time positive")
+        peak = peak_tflops
+        if peak is None:
+            try:
+                peak = hardware.get_gpu(gpu).peak(dtype)
+            except LookupError as err:
+                fail(str(err))
+            if peak is None:
+                fail(f"{gpu} has no {dtype} peak; pass --peak-tflops")
+        tps = metrics.tokens_per_second(seq, gbs, step_time)
+        typer.echo(f"tokens/s: {tps:,.2f}  days per 1T tokens: {metrics.days_to_train(tps):.2f}")
+        typer.echo(f"TFLOPS/GPU: {metrics.tflops_per_gpu(gbs, total, step_time, gpus):.1f}  "
+                   f"MFU ({convention}): {100 * metrics.mfu(gbs, total, step_time, gpus, peak):.2f}%"
+                   f" of {peak:g} TFLOPS")
+
+
+# Commands that live with their subsystem register themselves here, each importing
+# its heavy dependencies lazily.
+COMMAND_MODULES = ("launch.run_cli", "results.cli", "predict.cli", "launch.slurm_cli")
+for _module in COMMAND_MODULES:
+    importlib.import_module(f"trainbench.{_module}").register(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("trainbench: interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

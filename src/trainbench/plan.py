@@ -1,0 +1,347 @@
+"""The plan: one frozen, validated description of a run, and the only contract between
+the launcher and the engine (it travels as plan.json in the experiment directory).
+
+Built from a recipe row plus user overrides (`--set tp=2 gbs=64`). Every problem is
+found here, before anything launches, and reported as one clear line each.
+Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from .catalog import hardware, recipes
+from .catalog.models import ModelSpec, get_model
+
+DTYPES = ("bf16", "fp8", "fp32")
+
+
+class PlanError(ValueError):
+    """Invalid input; `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    """Tensor (and sequence) parallel degree."""
+    pp: int = 1
+    """Pipeline stages."""
+    cp: int = 1
+    """Context parallel degree (sequence split across ranks)."""
+    ep: int = 1
+    """Expert parallel degree (no seed model has experts; kept for the tables)."""
+    dp: int = 1
+    """Data parallel degree (FSDP2 shards parameters over it)."""
+    vp: int = 1
+    """Virtual pipeline stages per rank (interleaved 1F1B when > 1)."""
+    dp_shard: int = 0
+    """Ranks each FSDP group shards over (HSDP); 0 = shard over all of dp."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    def describe(self) -> str:
+        text = f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}"
+        if self.vp > 1:
+            text += f" VP{self.vp}"
+        if self.dp_shard and self.dp_shard != self.dp:
+            text += f" (FSDP groups of {self.dp_shard})"
+        return text
+
+
+@dataclass(frozen=True)
+class Features:
+    profile: str = ""
+    """'' (off), 'torch' (torch.profiler) or 'nsys'."""
+    profile_start: int = 20
+    profile_stop: int = 25
+    profile_ranks: tuple[int, ...] = (0,)
+    nccl_trace: bool = False
+    checkpoint: bool = False
+    """Save model, optimizer, step and RNG state at the end of the run."""
+    checkpoint_interval: int = 0
+    """Also save every N steps (0 = only at the end)."""
+    load_checkpoint: str = ""
+    """Checkpoint directory to restore before training."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    workload: str
+    size: str
+    dtype: str
+    gpu_type: str
+    """Key of catalog.hardware.GPUS, or 'cpu'."""
+    model: ModelSpec
+    layout: Layout
+    mbs: int
+    gbs: int
+    seq_len: int
+    steps: int
+    gpus_per_node: int
+    peak_tflops: float | None = None
+    """Peak dense TFLOPS for MFU; None on a CPU, where the engine measures a GEMM peak."""
+    features: Features = field(default_factory=Features)
+    name: str = ""
+    """Experiment name, e.g. pretrain_llama3.1_8b_bf16_gpus8."""
+    out_dir: str = ""
+    seed: int = 1234
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 0
+    """Linear warm-up steps; 0 picks the seeds' habit of a short warm-up (see schedule)."""
+    recompute: str = "none"
+    """Activation recomputation: 'none', 'selective' or 'full'."""
+    compile: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment for the ranks (`--env K=V`)."""
+    recipe_source: str = ""
+    recipe_note: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def ga(self) -> int:
+        """Gradient-accumulation microbatches per step on each data-parallel rank."""
+        return self.gbs // (self.mbs * self.layout.dp)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, math.ceil(self.gpus / self.gpus_per_node))
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.gpu_type == hardware.CPU else "cuda"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["ga"] = self.ga
+        data["gpus"] = self.gpus
+        data["num_nodes"] = self.num_nodes
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Plan":
+        data = {k: v for k, v in data.items() if k not in ("ga", "gpus", "num_nodes")}
+        data["model"] = ModelSpec.from_dict(data["model"])
+        data["layout"] = Layout(**data["layout"])
+        feats = dict(data.get("features", {}))
+        feats["profile_ranks"] = tuple(feats.get("profile_ranks", (0,)))
+        data["features"] = Features(**feats)
+        data["env"] = tuple(tuple(kv) for kv in data.get("env", ()))
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# --- overrides --------------------------------------------------------------------------
+
+LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "dp", "vp", "dp_shard")
+INT_KEYS = LAYOUT_KEYS + ("mbs", "gbs", "seq_len", "layers", "steps", "warmup_steps", "seed",
+                          "gpus_per_node")
+FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
+CHOICE_KEYS = {"recompute": ("none", "selective", "full")}
+BOOL_KEYS = ("compile",)
+SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS
+
+
+def parse_overrides(items: list[str]) -> dict[str, object]:
+    """['tp=2', 'gbs=64'] -> {'tp': 2, 'gbs': 64}; PlanError on anything malformed."""
+    out: dict[str, object] = {}
+    problems = []
+    for item in items:
+        for part in item.split():
+            key, sep, value = part.partition("=")
+            key = key.strip().lower()
+            if not sep or not key or not value:
+                problems.append(f"--set {part!r} is not KEY=VALUE (e.g. --set tp=2)")
+                continue
+            if key not in SETTABLE:
+                problems.append(f"--set {key}: unknown key; settable: {', '.join(SETTABLE)}")
+                continue
+            try:
+                if key in INT_KEYS:
+                    out[key] = int(value)
+                elif key in FLOAT_KEYS:
+                    out[key] = float(value)
+                elif key in BOOL_KEYS:
+                    if value.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError
+                    out[key] = value.lower() in ("true", "1")
+                else:
+                    if value not in CHOICE_KEYS[key]:
+                        raise ValueError
+                    out[key] = value
+            except ValueError:
+                kind = ("an integer" if key in INT_KEYS else "a number" if key in FLOAT_KEYS
+                        else "true or false" if key in BOOL_KEYS
+                        else "one of " + ", ".join(CHOICE_KEYS.get(key, ())))
+                problems.append(f"--set {key}={value}: must be {kind}")
+    if problems:
+        raise PlanError(problems)
+    return out
+
+
+# --- building ---------------------------------------------------------------------------
+
+def pipeline_layers(model: ModelSpec) -> int:
+    return len(model.pattern) if model.is_hybrid else model.layers
+
+
+def layers_split_ok(layers: int, stages: int) -> bool:
+    """NeMo's rule: layers divide evenly over the virtual stages, or do once the embedding
+    and the loss each count as one layer (Llama 3.1 405B: 126 + 2 = 128 = 8 x 8 x 2)."""
+    return stages <= layers + 2 and (layers % stages == 0 or (layers + 2) % stages == 0)
+
+
+def experiment_name(workload: str, size: str, dtype: str, gpus: int) -> str:
+    return f"{workload}_{size}_{dtype}_gpus{gpus}"
+
+
+def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, *,
+               overrides: dict | None = None, steps: int = 50, features: Features | None = None,
+               peak_tflops: float | None = None, gpus_per_node: int | None = None,
+               env: dict[str, str] | None = None, out_dir: str = "") -> Plan:
+    """A validated plan, or PlanError listing every problem (one line each)."""
+    overrides = dict(overrides or {})
+    dtype = dtype.lower()
+    gpu_type = gpu_type.lower()
+    try:
+        model = get_model(workload, size)
+    except LookupError as err:
+        raise PlanError([str(err)]) from None
+    size = size.lower()
+    if dtype not in DTYPES:
+        raise PlanError([f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}"])
+    gpu = None
+    if gpu_type != hardware.CPU:
+        try:
+            gpu = hardware.get_gpu(gpu_type)
+        except LookupError as err:
+            if peak_tflops is None:
+                raise PlanError([str(err)]) from None
+    try:
+        row = recipes.find_row(workload, size, dtype, scale, gpu_type)
+    except LookupError as err:
+        if not any(k in overrides for k in ("tp", "pp", "cp", "dp")):
+            raise PlanError([str(err)]) from None
+        # A layout given in full with --set needs no recipe row at this scale: start
+        # from the nearest row and let validation check the result.
+        rows = recipes.rows_for(workload, size, dtype)
+        if not rows:
+            raise PlanError([str(err)]) from None
+        row = min(rows, key=lambda r: abs(r.gpus - scale))
+        row = replace(row, gpus=scale, note=f"layout from --set (no recipe row at scale {scale})")
+
+    if "layers" in overrides:
+        layers = overrides.pop("layers")
+        if model.is_hybrid:
+            raise PlanError(["--set layers: a hybrid model's depth is its pattern"])
+        model = model.with_layers(layers)
+    elif not model.is_hybrid and row.layers != model.layers:
+        model = model.with_layers(row.layers)  # the 405B proxies
+
+    layout = Layout(tp=row.tp, pp=row.pp, cp=row.cp, ep=row.ep, dp=row.dp, vp=row.vp,
+                    dp_shard=row.dp_shard)
+    layout_over = {k: overrides.pop(k) for k in LAYOUT_KEYS if k in overrides}
+    if layout_over:
+        layout = replace(layout, **layout_over)
+        if "dp" not in layout_over and scale % (layout.tp * layout.pp * layout.cp) == 0:
+            layout = replace(layout, dp=scale // (layout.tp * layout.pp * layout.cp))
+        if "dp_shard" not in layout_over:
+            layout = replace(layout, dp_shard=0)
+    mbs = overrides.pop("mbs", row.mbs)
+    gbs = overrides.pop("gbs", row.gbs)
+    seq_len = overrides.pop("seq_len", row.seq_len)
+    steps = overrides.pop("steps", steps)
+    peak = overrides.pop("peak_tflops", peak_tflops)
+    if peak is None and gpu is not None:
+        peak = gpu.peak(dtype)
+    per_node = overrides.pop("gpus_per_node", gpus_per_node)
+    if per_node is None:
+        per_node = gpu.gpus_per_node if gpu else scale
+    plan = Plan(
+        workload=workload, size=size, dtype=dtype, gpu_type=gpu_type, model=model, layout=layout,
+        mbs=mbs, gbs=gbs, seq_len=seq_len, steps=steps, gpus_per_node=per_node,
+        peak_tflops=peak, features=features or Features(),
+        name=experiment_name(workload, size, dtype, scale), out_dir=out_dir,
+        env=tuple(sorted((env or {}).items())), recipe_source=row.source, recipe_note=row.note,
+        **overrides,
+    )
+    problems = validate(plan, scale, gpu)
+    if problems:
+        raise PlanError(problems)
+    return plan
+
+
+def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
+    """Every problem with a plan, one line each (empty when the plan is valid)."""
+    p, m, lay = [], plan.model, plan.layout
+    for key in ("tp", "pp", "cp", "ep", "dp", "vp"):
+        if getattr(lay, key) < 1:
+            p.append(f"{key}={getattr(lay, key)} must be at least 1")
+    for key in ("mbs", "gbs", "seq_len", "steps", "gpus_per_node"):
+        if getattr(plan, key) < 1:
+            p.append(f"{key}={getattr(plan, key)} must be at least 1")
+    if p:
+        return p
+    if lay.world_size != scale:
+        p.append(f"TP*PP*CP*DP = {lay.tp}*{lay.pp}*{lay.cp}*{lay.dp} = {lay.world_size} "
+                 f"but the scale is {scale} ranks; fix --scale or the layout in --set")
+    if plan.gbs % (plan.mbs * lay.dp):
+        p.append(f"GBS {plan.gbs} is not divisible by MBS*DP = {plan.mbs}*{lay.dp}; "
+                 f"use a multiple of {plan.mbs * lay.dp}")
+    if lay.dp_shard and lay.dp % lay.dp_shard:
+        p.append(f"dp_shard {lay.dp_shard} does not divide DP {lay.dp}")
+    if m.heads % lay.tp:
+        p.append(f"{m.heads} attention heads are not divisible by TP={lay.tp}")
+    if m.kv_heads % lay.tp:
+        p.append(f"{m.kv_heads} KV heads (query groups) are not divisible by TP={lay.tp}")
+    if m.is_hybrid:
+        if m.mamba_heads % lay.tp or m.mamba_groups % lay.tp:
+            p.append(f"Mamba heads {m.mamba_heads} and groups {m.mamba_groups} must be "
+                     f"divisible by TP={lay.tp}")
+        if lay.cp > 1:
+            p.append(f"{plan.workload} has Mamba layers, which have no context parallelism; "
+                     "use cp=1")
+    if lay.vp > 1 and lay.pp == 1:
+        p.append(f"VP={lay.vp} needs pipeline parallelism (PP > 1); set vp=1 or pp>1")
+    layers = pipeline_layers(m)
+    stages = lay.pp * lay.vp
+    if not layers_split_ok(layers, stages):
+        p.append(f"{layers} layers cannot be split into PP*VP = {stages} stages "
+                 f"(neither {layers} nor {layers}+2 for embedding and loss is a multiple)")
+    if lay.cp > 1 and plan.seq_len % (2 * lay.cp):
+        p.append(f"seq_len {plan.seq_len} is not divisible by 2*CP = {2 * lay.cp}")
+    if plan.seq_len % lay.tp:
+        p.append(f"seq_len {plan.seq_len} is not divisible by TP={lay.tp} (sequence parallel)")
+    if plan.dtype == "fp8":
+        if plan.gpu_type == hardware.CPU:
+            p.append("fp8 needs a GPU with FP8 tensor cores (H100 or newer); use --dtype bf16 on a CPU")
+        elif gpu is not None and gpu.peak("fp8") is None:
+            p.append(f"{gpu.name} has no FP8 tensor cores; use --dtype bf16")
+    if lay.world_size > plan.gpus_per_node and lay.world_size % plan.gpus_per_node:
+        p.append(f"{lay.world_size} ranks do not fill whole nodes of {plan.gpus_per_node}")
+    f = plan.features
+    if f.profile and not (0 <= f.profile_start <= f.profile_stop):
+        p.append(f"profile steps {f.profile_start}-{f.profile_stop} must satisfy 0 <= start <= stop")
+    if f.profile and f.nccl_trace:
+        p.append("profiling and the NCCL trace are mutually exclusive (as in the seeds); pick one")
+    if plan.peak_tflops is not None and plan.peak_tflops <= 0:
+        p.append(f"peak TFLOPS {plan.peak_tflops} must be positive")
+    return p
