@@ -1,0 +1,34 @@
+"""Model modules of the seed workloads, built from a catalog `ModelSpec`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainbench.catalog.models import ModelSpec
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """The module for `spec.family`, on the current default device.
+
+    Build under `with torch.device("meta"):` to allocate nothing; materialise later with
+    `to_empty(device=...)` followed by `init_weights()`.
+    """
+    if spec.family in ("llama", "nemotron4"):
+        from trainbench.engine.models.transformer import Transformer
+
+        return Transformer(spec)
+    if spec.family == "nemotronh":
+        # Imported here: the hybrid's module lives in its own file and is not always needed.
+        from trainbench.engine.models.nemotronh import NemotronH
+
+        return NemotronH(spec)
+    raise ValueError(
+        f"unknown model family {spec.family!r}; expected 'llama', 'nemotron4' or 'nemotronh'")
+
+
+def count_parameters_meta(spec: ModelSpec) -> int:
+    """Parameters of the real module for `spec`, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = build_model(spec)
+    return sum(p.numel() for p in model.parameters())
