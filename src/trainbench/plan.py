@@ -272,6 +272,12 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     peak = overrides.pop("peak_tflops", peak_tflops)
     if peak is None and gpu is not None:
         peak = gpu.peak(dtype)
+    # NeMo's recipes: lr 3e-4 warming up over 2000 steps (a 50-step benchmark never leaves
+    # the warm-up). The tiny proxies learn their synthetic task within 50 steps instead.
+    tiny = row.source == recipes.TINY
+    overrides.setdefault("lr", 3e-3 if tiny else 3e-4)
+    overrides.setdefault("min_lr", overrides["lr"] / 10)
+    overrides.setdefault("warmup_steps", 5 if tiny else 2000)
     per_node = overrides.pop("gpus_per_node", gpus_per_node)
     if per_node is None:
         per_node = gpu.gpus_per_node if gpu else scale

@@ -47,3 +47,8 @@ def format_step_line(m: StepMetrics) -> str:
         f"train_step_timing in s: {m.step_time_s:.4f} | TFLOPS_per_GPU: {m.tflops_per_gpu:.2f} | "
         f"consumed_samples: {m.consumed_samples}"
     )
+
+
+def _tflops(value: float) -> str:
+    # Two decimals as NeMo prints GPU figures; a tiny CPU run keeps significant digits.
+    return f"{value:.2f}" if value >= 10 else f"{value:.4g}"

@@ -1,5 +1,255 @@
-"""Commands of this subsystem (not written yet)."""
+"""`trainbench run`: plan a workload, then run it here (torchrun) or on Slurm.
+
+The seeds' environment variables (DTYPE, MODEL_SIZE, JOB_TOTAL_GPUS, GPUS_PER_NODE,
+ENABLE_PROFILE, PROFILE_START_STEP, PROFILE_STOP_STEP, ENABLE_NCCLTRACE,
+ENABLE_CHECKPOINT, LOAD_CHECKPOINT_PATH) are defaults for the matching options.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def register(app) -> None:
-    """Add this subsystem's commands to the trainbench Typer app."""
+def parse_env(items: list[str]) -> dict[str, str]:
+    """['K=V', ...] -> {K: V}; ValueError with the fix on a malformed item."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY.match(key):
+            raise ValueError(f"--env {item!r} is not KEY=VALUE with KEY a shell variable name")
+        if "\n" in value or "\0" in value:
+            raise ValueError(f"--env {key}: the value may not contain a newline or NUL")
+        out[key] = value
+    return out
+
+
+def detect_gpu_type() -> tuple[str, str]:
+    """(catalog key or 'cpu' or '', device name) of this machine's first GPU, via nvidia-smi
+    (no torch import: planning stays fast)."""
+    from ..catalog import hardware
+    if not shutil.which("nvidia-smi"):
+        return hardware.CPU, "CPU"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return hardware.CPU, "CPU"
+    names = [n.strip() for n in out.stdout.splitlines() if n.strip()]
+    if out.returncode != 0 or not names:
+        return hardware.CPU, "CPU"
+    gpu = hardware.gpu_from_device_name(names[0])
+    return (gpu.key if gpu else ""), names[0]
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def run(
+        workload: str = typer.Option(..., "-w", "--workload", help="Workload key, e.g. pretrain_llama3.1."),
+        size: str = typer.Option(..., "-s", "--size", envvar="MODEL_SIZE", help="Model size, e.g. 8b or tiny."),
+        dtype: str = typer.Option("bf16", "--dtype", envvar="DTYPE", help="bf16, fp8 or fp32."),
+        scale: int = typer.Option(..., "--scale", envvar="JOB_TOTAL_GPUS",
+                                  help="Number of ranks: GPUs, or processes on a CPU machine."),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (h100, b200, ..., cpu); "
+                                          "default: detected on this machine."),
+        gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", envvar="GPUS_PER_NODE"),
+        steps: Optional[int] = typer.Option(None, "--steps", help="Training steps (default 50; "
+                                            "25 when profiling, 5 with --nccl-trace, 1 after a load)."),
+        settings: List[str] = typer.Option([], "--set", help="Override the recipe: --set 'tp=2 gbs=64'."),
+        peak_tflops: Optional[float] = typer.Option(None, "--peak-tflops",
+                                                    help="Peak dense TFLOPS of a device the catalog does not know."),
+        root: Optional[Path] = typer.Option(None, "--root", envvar="TRAINBENCH_ROOT",
+                                            help="Where experiments/ lives (default: the cluster config's, else .)."),
+        env: List[str] = typer.Option([], "--env", help="K=V for the ranks' environment (repeatable)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Plan and print; run nothing."),
+        executor: str = typer.Option("local", "--executor", help="local or slurm."),
+        profile: str = typer.Option("", "--profile", help="'torch' or 'nsys' to profile steps."),
+        profile_steps: Optional[str] = typer.Option(None, "--profile-steps", help="A-B, e.g. 20-25."),
+        nccl_trace: bool = typer.Option(False, "--nccl-trace", envvar="ENABLE_NCCLTRACE",
+                                        help="Trace collectives over the first 5 steps."),
+        checkpoint: bool = typer.Option(False, "--checkpoint", envvar="ENABLE_CHECKPOINT",
+                                        help="Save a distributed checkpoint at the end."),
+        checkpoint_interval: int = typer.Option(0, "--checkpoint-interval", help="Also save every N steps."),
+        load_checkpoint: Optional[str] = typer.Option(None, "--load-checkpoint", envvar="LOAD_CHECKPOINT_PATH",
+                                                      help="Restore this checkpoint, then train."),
+        account: Optional[str] = typer.Option(None, "--account", help="Slurm account."),
+        partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition."),
+        time_limit: str = typer.Option("00:30:00", "--time-limit", help="Slurm time limit."),
+        nodelist: Optional[str] = typer.Option(None, "--nodelist"),
+        exclude: Optional[str] = typer.Option(None, "--exclude"),
+        reservation: Optional[str] = typer.Option(None, "--reservation"),
+        exclusive: bool = typer.Option(True, "--exclusive/--no-exclusive"),
+        gres: Optional[str] = typer.Option(None, "--gres", help="e.g. gpu:8; default none."),
+        slurm_args: List[str] = typer.Option([], "--slurm-arg", help="Extra sbatch argument (repeatable)."),
+    ):
+        """Plan a workload and train it: here with torchrun, or on Slurm."""
+        from ..cli import console, fail
+        from ..catalog import hardware
+        from ..plan import Features, PlanError, build_plan, parse_overrides
+        from .experiment import PLAN_FILE, default_root, new_experiment_dir
+
+        if executor not in ("local", "slurm"):
+            fail(f"unknown executor {executor!r}; use local or slurm")
+        if profile == "" and env_flag("ENABLE_PROFILE"):
+            profile = "torch"
+        if profile not in ("", "torch", "nsys"):
+            fail(f"unknown profiler {profile!r}; use torch or nsys")
+        start, stop = 20, 25
+        if profile_steps:
+            from ..metrics import parse_window
+            try:
+                start, stop = parse_window(profile_steps)
+            except ValueError as err:
+                fail(str(err).replace("window", "--profile-steps"))
+        else:
+            start = int(os.environ.get("PROFILE_START_STEP", start))
+            stop = int(os.environ.get("PROFILE_STOP_STEP", stop))
+        if steps is None:
+            steps = 1 if load_checkpoint else 5 if nccl_trace else max(25, stop + 1) if profile else 50
+        try:
+            env_vars = parse_env(env)
+            overrides = parse_overrides(settings)
+        except (ValueError, PlanError) as err:
+            fail(str(err).splitlines()[0])
+        if load_checkpoint and not Path(load_checkpoint).is_dir():
+            fail(f"--load-checkpoint {load_checkpoint}: no such directory")
+        gpu_type = gpu
+        if gpu_type is None:
+            gpu_type, device_name = detect_gpu_type()
+            if not gpu_type and peak_tflops is None:
+                fail(f"this machine's GPU {device_name!r} is not in the catalog; pass "
+                     "--peak-tflops and --gpu NAME")
+            gpu_type = gpu_type or re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+        features = Features(profile=profile, profile_start=start, profile_stop=stop,
+                            nccl_trace=nccl_trace, checkpoint=checkpoint,
+                            checkpoint_interval=checkpoint_interval,
+                            load_checkpoint=str(Path(load_checkpoint).resolve()) if load_checkpoint else "")
+        try:
+            plan = build_plan(workload, size, dtype, scale, gpu_type, overrides=overrides,
+                              steps=steps, features=features, peak_tflops=peak_tflops,
+                              gpus_per_node=gpus_per_node, env=env_vars)
+        except PlanError as err:
+            for problem in err.problems:
+                typer.echo(f"trainbench: error: {problem}", err=True)
+            raise typer.Exit(2)
+
+        out = console()
+        print_plan(out, plan)
+        warn_if_predicted_not_to_fit(out, plan)
+        if root is None:
+            from ..config import load_config
+            try:
+                configured = load_config().get("experiments_root")
+            except ValueError as err:
+                fail(str(err))
+            root = Path(configured) if configured else default_root()
+        if executor == "slurm":
+            from .slurm import SlurmOptions, launch_on_slurm
+            from ..config import load_config
+            opts = SlurmOptions(account=account, partition=partition, time_limit=time_limit,
+                                nodelist=nodelist, exclude=exclude, reservation=reservation,
+                                exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))
+            exp_dir = Path(root) / "experiments" / plan.name / f"{plan.name}_DRYRUN" if dry_run \
+                else new_experiment_dir(root, plan.name)
+            from dataclasses import replace
+            plan = replace(plan, out_dir=str(exp_dir))
+            if not dry_run:
+                (exp_dir / PLAN_FILE).write_text(plan.to_json())
+            try:
+                job_id = launch_on_slurm(plan, exp_dir, opts, load_config(), dry_run)
+            except ValueError as err:
+                fail(str(err))
+            if job_id:
+                out.print(f"submitted Slurm job {job_id}; experiment directory {exp_dir}")
+            return
+        if dry_run:
+            print_rank_layout(out, plan)
+            out.print("dry run: nothing launched")
+            return
+        exp_dir = new_experiment_dir(root, plan.name)
+        from dataclasses import replace
+        plan = replace(plan, out_dir=str(exp_dir))
+        (exp_dir / PLAN_FILE).write_text(plan.to_json())
+        out.print(f"experiment directory: {exp_dir}")
+        from .local import run_local
+        job = record_job_start(root, plan, exp_dir)
+        code = run_local(plan, exp_dir)
+        record_job_end(root, job, code)
+        print_summary(out, exp_dir)
+        if code != 0:
+            from .experiment import EXIT_FILE
+            import json
+            reason = json.loads((exp_dir / EXIT_FILE).read_text())["reason"]
+            fail(f"run failed: {reason}; log kept in {exp_dir}", code=1)
+
+
+def print_plan(out, plan) -> None:
+    lay = plan.layout
+    out.print(f"[bold]{plan.name}[/bold]: {plan.model.name}, {plan.dtype}, {plan.gpus} ranks on "
+              f"{plan.num_nodes} node(s) of {plan.gpus_per_node} ({plan.gpu_type})")
+    out.print(f"layout {lay.describe()}  MBS {plan.mbs}  GBS {plan.gbs}  GA {plan.ga}  "
+              f"seq {plan.seq_len}  steps {plan.steps}  recompute {plan.recompute}")
+    if plan.recipe_note:
+        out.print(f"[yellow]note:[/yellow] {plan.recipe_note}")
+
+
+def print_rank_layout(out, plan) -> None:
+    from rich.table import Table
+
+    from ..layout import rank_rows
+    table = Table(title=f"Per-rank layout ({plan.gpus} ranks"
+                  + (", first and last shown)" if plan.gpus > 32 else ")"))
+    rows = rank_rows(plan)
+    for col in rows[0]:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row.values())
+    out.print(table)
+
+
+def warn_if_predicted_not_to_fit(out, plan) -> None:
+    """The memory model's verdict before launching (a warning: models can be wrong)."""
+    try:
+        from ..predict import fits
+    except ImportError:
+        return
+    ok, message = fits(plan)
+    if not ok:
+        out.print(f"[yellow]warning: predicted not to fit: {message}[/yellow]")
+
+
+def record_job_start(root, plan, exp_dir):
+    try:
+        from .jobs import JobsDB
+    except ImportError:
+        return None
+    db = JobsDB(root)
+    return db, db.add("local", str(os.getpid()), plan.name, str(exp_dir), plan.to_json(), "RUNNING")
+
+
+def record_job_end(root, job, code: int) -> None:
+    if job is None:
+        return
+    db, job_id = job
+    db.update(job_id, state="COMPLETED" if code == 0 else "FAILED", exit_code=code)
+
+
+def print_summary(out, exp_dir: Path) -> None:
+    """The run's window statistics and metrics, next to the reference where one exists."""
+    try:
+        from ..results import summarize_experiment, render_summary
+    except ImportError:
+        return
+    out.print(render_summary(summarize_experiment(exp_dir)))

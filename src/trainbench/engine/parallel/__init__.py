@@ -1,0 +1,64 @@
+"""Parallelism, applied in one ordered place (torchtitan's order): FP8 conversion and
+tensor parallel first, then activation checkpointing, then torch.compile per block,
+then FSDP2 per block and on the root. Model code knows nothing of any of it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...plan import Plan
+from .mesh import ParallelDims
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """Full recompute: keep only each block's input and recompute the block in backward."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    if mode not in ("full", "selective"):
+        return
+    # 'selective' keeps the attention core's outputs in the NVIDIA recipes; here both
+    # recompute whole blocks, which is the conservative (least memory) choice.
+    for key, block in list(model.layers.items()):
+        model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def apply_compile(model: nn.Module) -> None:
+    for key, block in list(model.layers.items()):
+        model.layers[key] = torch.compile(block, fullgraph=False)
+
+
+def apply_fp8(model: nn.Module) -> None:
+    """torchao float8 training for every Linear except the output head (as torchtitan)."""
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError:
+        raise RuntimeError("--dtype fp8 needs torchao: pip install 'trainbench[fp8]'") from None
+
+    def eligible(module: nn.Module, fqn: str) -> bool:
+        # FP8 GEMMs need both dimensions divisible by 16.
+        return (isinstance(module, nn.Linear) and fqn != "output"
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    convert_to_float8_training(model, module_filter_fn=eligible)
+
+
+def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
+                compute_dtype: torch.dtype) -> nn.Module:
+    if plan.dtype == "fp8":
+        apply_fp8(model)
+    if dims.tp_enabled:
+        from .tp import apply_tensor_parallel
+        apply_tensor_parallel(model, dims["tp"], plan)
+    if dims.cp_enabled:
+        from .cp import apply_context_parallel
+        apply_context_parallel(model, dims["cp"])
+    apply_activation_checkpointing(model, plan.recompute)
+    if plan.compile:
+        apply_compile(model)
+    from .fsdp import apply_fsdp
+    # Without PP the root module is trained directly; FSDP always wraps it, on a
+    # one-rank mesh too, so every layout runs the same mixed-precision code path.
+    apply_fsdp(model, dims["dp_cp"], compute_dtype,
+               reshard_after_forward=not dims.pp_enabled)
+    return model

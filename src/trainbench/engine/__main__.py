@@ -1,0 +1,42 @@
+"""`python -m trainbench.engine plan.json`: what each rank runs under torchrun."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m trainbench.engine EXPERIMENT_DIR/plan.json", file=sys.stderr)
+        return 2
+    import warnings
+
+    import torch
+
+    # On a CPU mesh each rank's random init is overwritten by the seed's full init
+    # (Trainer.materialize), so DTensor's CPU RNG caveat does not apply.
+    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete")
+
+    from ..plan import Plan
+    from .trainer import Trainer, report_failure
+    plan_path = Path(argv[0])
+    plan = Plan.load(plan_path)
+    exp_dir = plan_path.parent
+    if plan.device == "cpu":
+        # Ranks share the cores; oversubscribed threads would only fight each other.
+        torch.set_num_threads(max(1, int(__import__("os").environ.get("OMP_NUM_THREADS", "1"))))
+    trainer = Trainer(plan, exp_dir)
+    try:
+        trainer.setup()
+        trainer.train()
+    except BaseException as exc:  # noqa: BLE001 - logged, then re-raised for torchrun
+        report_failure(exp_dir, plan, exc)
+        raise
+    finally:
+        trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,75 @@
+"""ParallelDims: the one object that owns the parallel degrees and hands out sub-meshes.
+
+The device mesh has the named dims (pp, dp, cp, tp), outermost first: tensor parallel
+ranks are neighbours (inside one node on a GPU cluster), pipeline stages are farthest
+apart. Nothing else multiplies degrees by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ...plan import Layout
+
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+
+
+@dataclass
+class ParallelDims:
+    pp: int
+    dp: int
+    cp: int
+    tp: int
+    world_size: int
+
+    def __post_init__(self) -> None:
+        product = self.pp * self.dp * self.cp * self.tp
+        if product != self.world_size:
+            raise ValueError(f"PP*DP*CP*TP = {product} but the world has {self.world_size} ranks")
+        self.mesh: DeviceMesh | None = None
+
+    @classmethod
+    def from_layout(cls, layout: Layout, world_size: int) -> "ParallelDims":
+        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, world_size=world_size)
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        self.mesh = init_device_mesh(device_type, (self.pp, self.dp, self.cp, self.tp),
+                                     mesh_dim_names=MESH_DIMS)
+        # FSDP shards parameters over data and context ranks together: both see the
+        # same weights and different tokens.
+        self.dp_cp_mesh = self.mesh["dp", "cp"]._flatten(mesh_dim_name="dp_cp")
+        return self.mesh
+
+    def __getitem__(self, name: str) -> DeviceMesh:
+        if self.mesh is None:
+            raise RuntimeError("build_mesh() first")
+        if name == "dp_cp":
+            return self.dp_cp_mesh
+        return self.mesh[name]
+
+    def coordinate(self, name: str) -> int:
+        """This rank's index along a mesh dim."""
+        return self[name].get_local_rank()
+
+    @property
+    def dp_enabled(self) -> bool:
+        return self.dp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+
+def device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"

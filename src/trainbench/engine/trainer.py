@@ -1,0 +1,273 @@
+"""The training loop every rank runs: a short sequence of small steps (torchtitan style).
+
+setup -> (batch_generator -> forward_backward_step)* -> optimizer step -> log, per step.
+Each step is timed with the device synchronised; rank 0 writes the NeMo-style log line
+and a metrics.jsonl record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .. import flops as flops_mod
+from ..launch.experiment import METRICS_FILE, RUN_FILE, log_file_name
+from ..plan import Plan
+from . import data
+from .log import StepMetrics, format_step_line
+from .optim import build_optimizer, lr_at
+from .parallel.mesh import ParallelDims
+
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Trainer:
+    def __init__(self, plan: Plan, exp_dir: Path):
+        self.plan = plan
+        self.exp_dir = Path(exp_dir)
+        self.compute_dtype = COMPUTE_DTYPES[plan.dtype]
+        self.log_path = self.exp_dir / log_file_name(plan.name)
+        self.step = 0  # steps completed (a loaded checkpoint advances it)
+
+    # --- set-up --------------------------------------------------------------------------
+
+    def init_distributed(self) -> None:
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if self.plan.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"the plan targets {self.plan.gpu_type} GPUs but CUDA is not "
+                                   "available here; plan the run with --gpu cpu")
+            self.device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(self.device)
+            backend = "nccl"
+        else:
+            self.device = torch.device("cpu")
+            backend = "gloo"
+        if self.world_size != self.plan.gpus:
+            raise RuntimeError(f"the plan needs {self.plan.gpus} ranks but {self.world_size} "
+                               "were started")
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend, device_id=self.device
+                                    if backend == "nccl" else None)
+        self.dims = ParallelDims.from_layout(self.plan.layout, self.world_size)
+        self.dims.build_mesh(self.device.type)
+
+    def build_model(self) -> None:
+        from .models import build_model
+        from .parallel import parallelize
+        with torch.device("meta"):
+            model = build_model(self.plan.model)
+        model = parallelize(model, self.plan, self.dims, self.compute_dtype)
+        self.model = self.materialize(model)
+        self.model.train()
+
+    def materialize(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Allocate the sharded parameters and initialise them.
+
+        On a CPU (small models by nature) the full model is initialised once from the
+        seed and each rank keeps its shard, so every layout starts from bit-identical
+        weights. On GPUs each shard is initialised in place (DTensor's CUDA RNG tracker
+        keeps shards consistent) and the full model never exists on one device.
+        """
+        model.to_empty(device=self.device)
+        torch.manual_seed(self.plan.seed)
+        with torch.no_grad():
+            model.init_weights()
+        if self.device.type == "cpu":
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                                 set_model_state_dict)
+
+            from .models import build_model
+            torch.manual_seed(self.plan.seed)
+            full = build_model(self.plan.model)
+            with torch.no_grad():
+                full.init_weights()
+            wanted = set(model.state_dict().keys())
+            full_sd = {k: v for k, v in full.state_dict().items() if _strip_wrappers(k) in
+                       {_strip_wrappers(w) for w in wanted}}
+            set_model_state_dict(model, full_sd,
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        return model
+
+    def setup(self) -> None:
+        self.init_distributed()
+        torch.manual_seed(self.plan.seed)
+        self.build_model()
+        self.optimizer = build_optimizer(self.model, self.plan.lr)
+        spec = self.plan.model
+        self.flops_per_seq = flops_mod.flops_per_sequence(spec, self.plan.seq_len, "published")
+        from .peak import resolve_peak
+        self.peak_tflops, self.peak_source, self.device_name = resolve_peak(
+            self.plan, self.compute_dtype)
+        if self.rank == 0:
+            self.exp_dir.mkdir(parents=True, exist_ok=True)
+            self.log_file = open(self.log_path, "a", buffering=1)
+            self.metrics_file = open(self.exp_dir / METRICS_FILE, "a", buffering=1)
+            self.write_run_info()
+            self.log(f"trainbench: {self.plan.name} on {self.world_size} x {self.device_name}, "
+                     f"layout {self.plan.layout.describe()} MBS {self.plan.mbs} "
+                     f"GBS {self.plan.gbs} GA {self.plan.ga}, {self.plan.dtype}, "
+                     f"{self.plan.steps} steps")
+
+    def write_run_info(self) -> None:
+        info = {
+            "device_name": self.device_name,
+            "peak_tflops": self.peak_tflops,
+            "peak_source": self.peak_source,
+            "world_size": self.world_size,
+            "layout": self.plan.layout.describe(),
+            "backend": dist.get_backend(),
+            "torch_version": torch.__version__,
+            "hostname": socket.gethostname(),
+            "start_time": time.time(),
+            "flops_per_sequence": self.flops_per_seq,
+            "flops_convention": "published",
+        }
+        (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
+
+    def log(self, line: str) -> None:
+        """Rank 0 only: one line to the log file and to stdout (the launcher streams it)."""
+        if self.rank != 0:
+            return
+        self.log_file.write(line + "\n")
+        print(line, flush=True)
+
+    # --- one step ------------------------------------------------------------------------
+
+    @property
+    def dp_rank(self) -> int:
+        return self.dims.coordinate("dp")
+
+    def batch_generator(self, step: int):
+        """This rank's microbatches for a step: (inputs, labels), each [mbs, seq]."""
+        p = self.plan
+        samples = data.rank_sample_range(p.gbs, p.layout.dp, self.dp_rank)
+        for first in range(samples.start, samples.stop, p.mbs):
+            inputs, labels = data.microbatch(p.seed, step, first, p.mbs, p.seq_len,
+                                             p.model.vocab_size)
+            yield inputs.to(self.device), labels.to(self.device)
+
+    def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1))
+
+    def forward_backward_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Loss of one microbatch (mean over its tokens); gradients accumulate / GA."""
+        logits = self.model(inputs)
+        loss = self.loss_fn(logits, labels)
+        (loss / self.plan.ga).backward()
+        return loss.detach()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def train_step(self, step: int) -> StepMetrics:
+        p = self.plan
+        self.maybe_fail(step)
+        lr = lr_at(step, p.lr, p.min_lr, p.warmup_steps, max(p.steps, p.warmup_steps))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.synchronize()
+        start = time.perf_counter()
+        loss_sum = torch.zeros((), device=self.device)
+        for inputs, labels in self.batch_generator(step):
+            loss_sum += self.forward_backward_step(inputs, labels)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=1.0,
+                                                   foreach=True)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.synchronize()
+        elapsed = time.perf_counter() - start
+        return self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)
+
+    def step_metrics(self, step: int, lr: float, local_loss: torch.Tensor,
+                     grad_norm: torch.Tensor, elapsed: float) -> StepMetrics:
+        """Reduce the loss over data-parallel ranks and the step time (max) over all."""
+        p = self.plan
+        loss = local_loss.clone()
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG if self.device.type == "cuda"
+                        else dist.ReduceOp.SUM, group=self.dims["dp_cp"].get_group())
+        if self.device.type != "cuda":  # gloo has no AVG
+            loss /= self.dims["dp_cp"].size()
+        slowest = torch.tensor([elapsed], device=self.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        step_time = float(slowest)
+        if self.device.type == "cuda":
+            peak_mem = torch.cuda.max_memory_reserved(self.device)
+            alloc = torch.cuda.memory_allocated(self.device)
+        else:
+            peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            alloc = _rss_bytes()
+        return StepMetrics(
+            iteration=step, total_iterations=p.steps, lr=lr, global_batch_size=p.gbs,
+            loss=float(loss), grad_norm=float(grad_norm), step_time_s=step_time,
+            tflops_per_gpu=p.gbs * self.flops_per_seq / step_time / self.world_size / 1e12,
+            tokens_per_s=p.seq_len * p.gbs / step_time, peak_memory_bytes=int(peak_mem),
+            memory_allocated_bytes=int(alloc), consumed_samples=(step + 1) * p.gbs,
+            time=time.time())
+
+    def maybe_fail(self, step: int) -> None:
+        """Crash injection for tests: TRAINBENCH_FAIL_AT_STEP=n TRAINBENCH_FAIL_RANK=r
+        makes rank r die by SIGKILL at step n, as a real hardware fault would."""
+        at = os.environ.get("TRAINBENCH_FAIL_AT_STEP")
+        if at is not None and int(at) == step and \
+                int(os.environ.get("TRAINBENCH_FAIL_RANK", "0")) == self.rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def train(self) -> None:
+        p = self.plan
+        while self.step < p.steps:
+            metrics = self.train_step(self.step)
+            self.step += 1
+            if self.rank == 0:
+                self.log(format_step_line(metrics))
+                self.metrics_file.write(metrics.to_json() + "\n")
+
+    def close(self) -> None:
+        if getattr(self, "rank", 1) == 0 and hasattr(self, "log_file"):
+            self.log_file.close()
+            self.metrics_file.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _strip_wrappers(fqn: str) -> str:
+    for prefix in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        fqn = fqn.replace(prefix, "")
+    return fqn
+
+
+def report_failure(exp_dir: Path, plan: Plan, exc: BaseException) -> None:
+    """Append this rank's error to the run log (O_APPEND keeps ranks' lines whole)."""
+    rank = os.environ.get("RANK", "0")
+    text = "".join(traceback.format_exception(exc))
+    line = f"[rank {rank}] trainbench engine error: {type(exc).__name__}: {exc}\n{text}"
+    try:
+        fd = os.open(exp_dir / log_file_name(plan.name), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.write(fd, line.encode())
+        os.close(fd)
+    except OSError:
+        pass
+    print(line, file=sys.stderr, flush=True)
