@@ -39,8 +39,9 @@ class SlurmError(PlanError):
     A PlanError, so a command that reports plan problems reports these the same way."""
 
 
-class SubmitError(RuntimeError):
-    """sbatch is missing or refused the job; the message is one line."""
+class SubmitError(ValueError):
+    """sbatch is missing or refused the job (most often an account or partition it does
+    not know); the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -194,10 +195,12 @@ def check_options(plan, opts: SlurmOptions, cluster: dict) -> SlurmOptions:
     """
     opts = effective_options(opts, cluster)
     problems: list[str] = []
-    job_name = opts.job_name if opts.job_name is not None else plan.name
-    if not isinstance(job_name, str) or not _JOB_NAME.fullmatch(job_name):
-        problems.append(f"job name {job_name!r} is not valid: use letters, digits and . _ + - "
-                        "(at most 128 characters)")
+    # The plan's name also names the script and output files, so it is checked even when
+    # --job-name replaces it as the Slurm job name.
+    for label, name in (("experiment name", plan.name), ("job name", opts.job_name)):
+        if name is not None and (not isinstance(name, str) or not _JOB_NAME.fullmatch(name)):
+            problems.append(f"{label} {name!r} is not valid: use letters, digits and . _ + - "
+                            "(at most 128 characters)")
     _check_value(problems, "--account", opts.account, _WORD, "--account=myproj")
     _check_value(problems, "--partition", opts.partition, _WORD_LIST, "--partition=batch")
     _check_value(problems, "--reservation", opts.reservation, _WORD, "--reservation=bench")
@@ -381,7 +384,31 @@ def launch_on_slurm(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict,
     job_id = submit(script_path)
     db = JobsDB(root_of_experiment(exp_dir, cluster))
     db.add("slurm", job_id, plan.name, str(exp_dir), plan.to_json(), "PENDING")
-    print(f"submitted Slurm job {job_id}: {plan.name} ({plan.gpus} ranks on "
-          f"{plan.num_nodes} node(s))\n  directory: {exp_dir}\n"
-          f"  follow it with: trainbench jobs refresh")
     return job_id
+
+
+def submit_plan(plan, root: Path, opts: SlurmOptions, cluster: dict) -> tuple[Path, str]:
+    """Validate, create a fresh experiment directory, write plan.json, submit.
+
+    Bad input raises SlurmError before anything is created; when sbatch refuses the job
+    the directory made for it is removed again, so a failure leaves nothing behind.
+    Returns (experiment directory, Slurm job id).
+    """
+    import shutil
+    from dataclasses import replace as with_fields
+
+    from .experiment import new_experiment_dir
+
+    check_options(plan, opts, cluster)
+    exp_dir = new_experiment_dir(root, plan.name)
+    try:
+        check_path("experiment directory", str(exp_dir))
+        plan = with_fields(plan, out_dir=str(exp_dir))
+        (exp_dir / PLAN_FILE).write_text(plan.to_json())
+        job_id = launch_on_slurm(plan, exp_dir, opts, cluster, dry_run=False)
+    except (SlurmError, SubmitError):
+        # Nothing was submitted: the directory holds no job. (A failure after sbatch
+        # accepted the job keeps it: the job will write there.)
+        shutil.rmtree(exp_dir, ignore_errors=True)
+        raise
+    return exp_dir, job_id

@@ -1,0 +1,364 @@
+"""Job history: one SQLite database, `<experiments root>/jobs.sqlite`, for every run.
+
+Each row is one job: where it ran (local or slurm), its Slurm id, the plan, the
+experiment directory, its state, exit code, elapsed time and, once finished, the
+parsed results. `refresh` brings Slurm jobs up to date from, in order of authority:
+squeue (a job still queued or running), sacct (when accounting is enabled), the
+job-completion file (jobcomp/filetxt, kept by clusters without accounting),
+`scontrol show job` (finished jobs Slurm still remembers) and last the job's own
+exit.json written by its script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+from .experiment import EXIT_FILE, default_root
+
+DB_FILE = "jobs.sqlite"
+SLURM_QUERY_TIMEOUT_S = 30
+
+# The states trainbench reports; Slurm's many others map onto these (raw kept in slurm_state).
+ACTIVE = ("PENDING", "RUNNING")
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+UNKNOWN = "UNKNOWN"
+
+_SLURM_STATES = {
+    "PENDING": "PENDING", "REQUEUED": "PENDING", "REQUEUE_HOLD": "PENDING",
+    "REQUEUE_FED": "PENDING", "RESV_DEL_HOLD": "PENDING", "SUSPENDED": "PENDING",
+    "CONFIGURING": "RUNNING", "RUNNING": "RUNNING", "COMPLETING": "RUNNING",
+    "RESIZING": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
+    "STOPPED": "RUNNING",
+    "COMPLETED": "COMPLETED",
+    "CANCELLED": "CANCELLED",
+    "TIMEOUT": "TIMEOUT", "DEADLINE": "TIMEOUT",
+    "FAILED": "FAILED", "NODE_FAIL": "FAILED", "BOOT_FAIL": "FAILED",
+    "OUT_OF_MEMORY": "FAILED", "PREEMPTED": "FAILED", "SPECIAL_EXIT": "FAILED",
+    "REVOKED": "CANCELLED",
+}
+
+COLUMNS = ("id", "executor", "job_id", "name", "exp_dir", "plan_json", "state", "slurm_state",
+           "exit_code", "elapsed_s", "submitted", "updated", "results_json", "note")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    executor TEXT NOT NULL,
+    job_id TEXT,
+    name TEXT NOT NULL,
+    exp_dir TEXT NOT NULL,
+    plan_json TEXT NOT NULL,
+    state TEXT NOT NULL,
+    slurm_state TEXT,
+    exit_code INTEGER,
+    elapsed_s REAL,
+    submitted REAL NOT NULL,
+    updated REAL NOT NULL,
+    results_json TEXT,
+    note TEXT
+)
+"""
+
+
+def experiments_root(cluster: dict | None = None) -> Path:
+    """Where experiments and jobs.sqlite live: $TRAINBENCH_ROOT, else the cluster config's
+    experiments_root, else the current directory."""
+    if os.environ.get("TRAINBENCH_ROOT"):
+        return default_root()
+    configured = (cluster or {}).get("experiments_root")
+    if configured:
+        return Path(str(configured)).expanduser().resolve()
+    return default_root()
+
+
+def root_of_experiment(exp_dir: Path, cluster: dict | None = None) -> Path:
+    """The root an experiment directory was made under (<root>/experiments/<name>/<dir>)."""
+    exp_dir = Path(exp_dir).resolve()
+    if len(exp_dir.parents) >= 3 and exp_dir.parents[1].name == "experiments":
+        return exp_dir.parents[2]
+    return experiments_root(cluster)
+
+
+class JobsDB:
+    """The job history under one experiments root."""
+
+    def __init__(self, root: str | Path):
+        self.path = Path(root) / DB_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._connect() as conn:
+            conn.execute(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        # Several launchers (a bulk sweep, a refresh) may write at once; wait, don't fail.
+        conn = sqlite3.connect(self.path, timeout=30)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    def add(self, executor: str, job_id: str | None, name: str, exp_dir: str, plan_json: str,
+            state: str) -> int:
+        """Record a new job; its row id."""
+        now = time.time()
+        with self._connect() as conn:
+            cur = conn.execute(
+                "INSERT INTO jobs (executor, job_id, name, exp_dir, plan_json, state, submitted,"
+                " updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (executor, job_id, name, str(exp_dir), plan_json, state, now, now))
+            return int(cur.lastrowid)
+
+    def update(self, id: int, **fields) -> None:
+        """Set columns of one job (results may be given as a dict: `results=...`)."""
+        if "results" in fields:
+            results = fields.pop("results")
+            fields["results_json"] = None if results is None else json.dumps(results)
+        unknown = set(fields) - set(COLUMNS[1:])
+        if unknown:
+            raise ValueError(f"unknown job fields: {', '.join(sorted(unknown))}")
+        if not fields:
+            return
+        fields["updated"] = time.time()
+        names = list(fields)
+        with self._connect() as conn:
+            cur = conn.execute(
+                f"UPDATE jobs SET {', '.join(f'{n} = ?' for n in names)} WHERE id = ?",
+                [fields[n] for n in names] + [id])
+            if cur.rowcount == 0:
+                raise KeyError(id)
+
+    def list(self) -> list[dict]:
+        """Every job, oldest first."""
+        with self._connect() as conn:
+            return [dict(row) for row in conn.execute("SELECT * FROM jobs ORDER BY id")]
+
+    def get(self, id: int) -> dict | None:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM jobs WHERE id = ?", (id,)).fetchone()
+        return dict(row) if row else None
+
+    def find(self, job_id: str, executor: str = "slurm") -> dict | None:
+        """The newest job with this scheduler id."""
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM jobs WHERE job_id = ? AND executor = ? "
+                               "ORDER BY id DESC LIMIT 1", (job_id, executor)).fetchone()
+        return dict(row) if row else None
+
+
+# --- what Slurm knows about a job ------------------------------------------------------------
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=SLURM_QUERY_TIMEOUT_S)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+
+
+def normalise_state(raw: str) -> str:
+    """'CANCELLED by 0' -> CANCELLED; Slurm's rarer states onto trainbench's six."""
+    word = raw.split()[0].rstrip("+") if raw.strip() else ""
+    return _SLURM_STATES.get(word, UNKNOWN)
+
+
+def parse_exit_code(text: str) -> int | None:
+    """Slurm's 'code:signal' -> the shell's view: code, or 128 + signal when killed."""
+    m = re.fullmatch(r"\s*(\d+):(\d+)\s*", text or "")
+    if not m:
+        return None
+    code, sig = int(m.group(1)), int(m.group(2))
+    return 128 + sig if sig and not code else code
+
+
+def parse_elapsed(text: str) -> float | None:
+    """'[D-]HH:MM:SS' or 'MM:SS' -> seconds."""
+    m = re.fullmatch(r"\s*(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?\s*", text or "")
+    if not m:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in m.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def squeue_state(job_id: str) -> str | None:
+    """The raw state while Slurm still lists the job, else None."""
+    proc = _run(["squeue", "-h", f"--jobs={job_id}", "-o", "%T"])
+    if proc is None or proc.returncode != 0:
+        return None
+    lines = proc.stdout.split()
+    return lines[0] if lines else None
+
+
+def sacct_record(job_id: str) -> dict | None:
+    """State, exit code and elapsed from accounting; None where accounting is disabled."""
+    proc = _run(["sacct", "-n", "-P", "-X", f"--jobs={job_id}",
+                 "-o", "JobID,State,ExitCode,Elapsed"])
+    if proc is None or proc.returncode != 0:
+        return None
+    for line in proc.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) == 4 and parts[0] == job_id:
+            return {"slurm_state": parts[1], "exit_code": parse_exit_code(parts[2]),
+                    "elapsed_s": parse_elapsed(parts[3])}
+    return None
+
+
+def _key_values(line: str) -> dict[str, str]:
+    """KEY=VALUE words of a Slurm record. The first occurrence wins: the state fields come
+    before WorkDir and Command, whose paths may contain spaces and `JobState=`."""
+    fields: dict[str, str] = {}
+    for m in re.finditer(r"(\w+)=(\S*)", line):
+        fields.setdefault(m.group(1), m.group(2))
+    return fields
+
+
+def _slurm_time(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, TypeError):
+        return None
+
+
+def _record_from_fields(fields: dict[str, str]) -> dict:
+    start, end = _slurm_time(fields.get("StartTime", "")), _slurm_time(fields.get("EndTime", ""))
+    return {"slurm_state": fields.get("JobState", ""),
+            "exit_code": parse_exit_code(fields.get("ExitCode", "")),
+            "elapsed_s": end - start if start is not None and end is not None else None}
+
+
+def jobcomp_location() -> Path | None:
+    """The jobcomp/filetxt file, when the cluster keeps one."""
+    proc = _run(["scontrol", "show", "config"])
+    if proc is None or proc.returncode != 0:
+        return None
+    conf = {}
+    for line in proc.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            conf[key.strip()] = value.strip()
+    if conf.get("JobCompType", "").lower() != "jobcomp/filetxt":
+        return None
+    loc = conf.get("JobCompLoc", "")
+    return Path(loc) if loc.startswith("/") else None
+
+
+def jobcomp_record(job_id: str, path: Path | None) -> dict | None:
+    """The job's line in the job-completion file (the newest, if requeued)."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    found = None
+    for line in text.splitlines():
+        if line.startswith(f"JobId={job_id} "):
+            found = _key_values(line)
+    return _record_from_fields(found) if found else None
+
+
+def scontrol_record(job_id: str) -> dict | None:
+    """A finished job Slurm still remembers (for MinJobAge after its end)."""
+    proc = _run(["scontrol", "show", "job", "-o", job_id])
+    if proc is None or proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    fields = _key_values(proc.stdout)
+    return _record_from_fields(fields) if fields.get("JobId") == job_id else None
+
+
+def exit_record(exp_dir: str | Path) -> dict | None:
+    """The job's own exit.json (written by its script, or by the local launcher)."""
+    try:
+        data = json.loads((Path(exp_dir) / EXIT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
+
+
+def slurm_status(job_id: str, exp_dir: str, jobcomp: Path | None) -> dict:
+    """The freshest facts about one Slurm job: state, slurm_state, exit_code, elapsed_s."""
+    raw = squeue_state(job_id)
+    if raw and normalise_state(raw) in ACTIVE:
+        return {"state": normalise_state(raw), "slurm_state": raw}
+    for source in (lambda: sacct_record(job_id), lambda: jobcomp_record(job_id, jobcomp),
+                   lambda: scontrol_record(job_id)):
+        record = source()
+        if record and normalise_state(record["slurm_state"]) in FINAL:
+            record["state"] = normalise_state(record["slurm_state"])
+            if record["exit_code"] is None or record["elapsed_s"] is None:
+                own = exit_record(exp_dir) or {}
+                if record["exit_code"] is None:
+                    record["exit_code"] = own.get("exit_code")
+                if record["elapsed_s"] is None:
+                    record["elapsed_s"] = own.get("elapsed_s")
+            return record
+    own = exit_record(exp_dir)
+    if own is not None:
+        return {"state": "COMPLETED" if own["exit_code"] == 0 else "FAILED",
+                "slurm_state": None, "exit_code": own["exit_code"],
+                "elapsed_s": own.get("elapsed_s")}
+    if raw:
+        return {"state": normalise_state(raw), "slurm_state": raw}
+    return {"state": UNKNOWN, "slurm_state": None,
+            "note": "Slurm no longer lists this job and it left no exit record"}
+
+
+# --- results -----------------------------------------------------------------------------------
+
+def parse_results(exp_dir: str | Path) -> tuple[dict | None, str | None]:
+    """(results, note) for a finished experiment through trainbench.results.
+
+    The results package is imported only here; where it (or its summarize_experiment)
+    is missing, the job keeps its state and the note says why results are absent.
+    """
+    try:
+        from ..results import summarize_experiment
+    except ImportError:
+        return None, "results not parsed: trainbench.results.summarize_experiment is unavailable"
+    try:
+        summary = summarize_experiment(Path(exp_dir))
+    except Exception as err:  # noqa: BLE001 - a bad log must not stop a refresh of the rest
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return None, f"results not parsed: {first}"
+    if summary is None:
+        return None, "results not parsed: no step records in the logs"
+    data = summary.to_dict() if hasattr(summary, "to_dict") else summary
+    return (data if isinstance(data, dict) else {"summary": data}), None
+
+
+def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
+    """Bring jobs up to date: Slurm states, exit codes, elapsed and results.
+
+    Jobs already final with results are left alone; the refreshed rows are returned.
+    """
+    jobcomp = None
+    jobcomp_checked = False
+    out = []
+    for job in db.list():
+        if ids is not None and job["id"] not in ids:
+            continue
+        if job["state"] in FINAL and job["results_json"] is not None:
+            continue
+        fields: dict = {}
+        if job["executor"] == "slurm" and job["state"] not in FINAL and job["job_id"]:
+            if not jobcomp_checked:
+                jobcomp, jobcomp_checked = jobcomp_location(), True
+            status = slurm_status(job["job_id"], job["exp_dir"], jobcomp)
+            fields.update({k: v for k, v in status.items() if v is not None or k == "note"})
+        elif job["executor"] != "slurm" and job["state"] not in FINAL:
+            own = exit_record(job["exp_dir"])
+            if own is not None:
+                fields.update(state="COMPLETED" if own["exit_code"] == 0 else "FAILED",
+                              exit_code=own["exit_code"], elapsed_s=own.get("elapsed_s"))
+        state = fields.get("state", job["state"])
+        if state in FINAL and job["results_json"] is None:
+            results, note = parse_results(job["exp_dir"])
+            fields["results"] = results
+            if note:
+                fields["note"] = note
+            elif "note" not in fields:
+                fields["note"] = None
+        if fields:
+            db.update(job["id"], **fields)
+        out.append(db.get(job["id"]))
+    return out

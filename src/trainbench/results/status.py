@@ -1,0 +1,86 @@
+"""The status of a run, computed from its step records (never guessed from words alone).
+
+- Success: every iteration of the window was logged and the final iteration was reached.
+- Incomplete: steps were logged but the run stopped early, or the window has gaps.
+- Failed: no step at all (the last error line of the log says why, when there is one).
+- Invalid: a NaN or infinite loss or gradient norm; the timings mean nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .parse import StepRecord
+
+SUCCESS = "Success"
+INCOMPLETE = "Incomplete"
+FAILED = "Failed"
+INVALID = "Invalid"
+STATUSES = (SUCCESS, INCOMPLETE, FAILED, INVALID)
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    status: str
+    detail: str
+    """One line saying why (empty for a plain success)."""
+
+
+def logging_stride(iterations: list[int]) -> int:
+    """Steps between logged iterations (1 unless the log prints every k-th step)."""
+    gaps = Counter(b - a for a, b in zip(iterations, iterations[1:]) if b > a)
+    return gaps.most_common(1)[0][0] if gaps else 1
+
+
+def window_gaps(iterations: list[int], window: tuple[int, int], stride: int = 1) -> list[int]:
+    """Iterations of the window (at the logging stride) that the log does not have."""
+    start, end = window
+    have = set(iterations)
+    inside = [i for i in iterations if start <= i <= end]
+    first = inside[0] if inside else start
+    # Align the expected grid to the logged iterations, so a log of every 10th step
+    # expects 10, 20, ... rather than the window's own start.
+    while first - stride >= start:
+        first -= stride
+    return [i for i in range(first, end + 1, stride) if i not in have]
+
+
+def compute_status(records: list[StepRecord], total_iterations: int | None,
+                   window: tuple[int, int], last_error: str | None = None) -> RunStatus:
+    """Status of a run from its records (sorted by iteration, each with a step time).
+
+    total_iterations is the run length the log or plan states; None when unknown, in
+    which case the last logged iteration is taken as the final one and the detail says so.
+    """
+    if not records:
+        why = f": {last_error}" if last_error else " and no error line in the log"
+        return RunStatus(FAILED, "no training step was logged" + why)
+    for rec in records:
+        bad = rec.nonfinite_field()
+        if bad:
+            name = "loss" if bad == "loss" else "gradient norm"
+            return RunStatus(INVALID, f"{name} is {getattr(rec, bad)} at iteration {rec.iteration}")
+    iterations = [r.iteration for r in records]
+    last = iterations[-1]
+    stride = logging_stride(iterations)
+    notes = []
+    if total_iterations is None:
+        final = last
+        notes.append(f"run length not printed: iteration {last} taken as the last")
+    else:
+        final = total_iterations - 1
+    if last < final - (stride - 1):
+        detail = f"stopped at iteration {last} of 0..{final}"
+        if last_error:
+            detail += f": {last_error}"
+        return RunStatus(INCOMPLETE, detail)
+    start, end = window
+    if end > last:
+        return RunStatus(INCOMPLETE, f"window {start}-{end} extends past the last iteration {last}")
+    missing = window_gaps(iterations, window, stride)
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        return RunStatus(INCOMPLETE, f"window {start}-{end} misses {len(missing)} "
+                                     f"iteration(s): {shown}")
+    return RunStatus(SUCCESS, "; ".join(notes))

@@ -1,0 +1,48 @@
+"""Shared test helpers: run the real CLI and read what a run left on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def run_cli(*args: str, root: Path | None = None, env: dict | None = None,
+            timeout: int = 300) -> subprocess.CompletedProcess:
+    """`trainbench ARGS` in a subprocess, as a user runs it."""
+    full_env = dict(os.environ)
+    full_env.pop("TRAINBENCH_FAIL_AT_STEP", None)
+    full_env.update(env or {})
+    if root is not None:
+        full_env["TRAINBENCH_ROOT"] = str(root)
+        full_env.setdefault("TRAINBENCH_CONFIG", str(root / "cluster.yaml"))
+    return subprocess.run([sys.executable, "-m", "trainbench.cli", *args], capture_output=True,
+                          text=True, env=full_env, timeout=timeout)
+
+
+def experiment_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in (root / "experiments").glob("*/*/plan.json"))
+
+
+def read_metrics(exp_dir: Path) -> list[dict]:
+    path = exp_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def losses(exp_dir: Path) -> list[float]:
+    return [float(r["loss"]) for r in read_metrics(exp_dir)]
+
+
+def train(root: Path, workload: str, scale: int, *extra: str, steps: int = 3,
+          dtype: str = "fp32", size: str = "tiny", env: dict | None = None) -> Path:
+    """Run a tiny workload for real and return its experiment directory."""
+    before = set(experiment_dirs(root)) if (root / "experiments").exists() else set()
+    res = run_cli("run", "-w", workload, "-s", size, "--dtype", dtype, "--scale", str(scale),
+                  "--steps", str(steps), "--gpu", "cpu", *extra, root=root, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (new,) = set(experiment_dirs(root)) - before
+    return new

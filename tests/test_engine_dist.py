@@ -1,0 +1,75 @@
+"""The engine with real gloo processes under torchrun."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from helpers import experiment_dirs, losses, read_metrics, run_cli, train
+
+pytestmark = pytest.mark.dist
+
+# fp32 on a CPU: the data-parallel run differs from one process only in the order of
+# floating-point sums (gradient reduce-scatter), so losses agree to about 1e-6.
+PARITY_RTOL = 1e-5
+
+
+def test_fsdp_two_ranks_match_one_process(tmp_path):
+    one = losses(train(tmp_path, "pretrain_llama3.1", 1, steps=4))
+    two = losses(train(tmp_path, "pretrain_llama3.1", 2, steps=4))
+    assert len(one) == len(two) == 4
+    assert two == pytest.approx(one, rel=PARITY_RTOL)
+    assert one[-1] < one[0]  # it really trains
+
+
+def test_run_writes_log_metrics_and_never_overwrites(tmp_path):
+    first = train(tmp_path, "pretrain_nemotron4", 1, steps=2)
+    second = train(tmp_path, "pretrain_nemotron4", 1, steps=2)
+    assert first != second and first.parent == second.parent
+    log = (first / "log-pretrain_nemotron4_tiny_fp32_gpus1.out").read_text()
+    steps = [line for line in log.splitlines() if "train_step_timing in s:" in line]
+    assert len(steps) == 2 and "iteration 1/1" in steps[-1]
+    records = read_metrics(first)
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert all(r["step_time_s"] > 0 and r["consumed_samples"] == 8 * (r["iteration"] + 1)
+               for r in records)
+    run_info = json.loads((first / "run.json").read_text())
+    assert run_info["peak_source"] == "measured GEMM" and run_info["peak_tflops"] > 0
+    assert json.loads((first / "exit.json").read_text())["exit_code"] == 0
+
+
+def test_killed_rank_ends_the_job_with_a_clear_message(tmp_path):
+    t0 = time.time()
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--dtype", "fp32", "--scale",
+                  "2", "--steps", "20", "--gpu", "cpu", root=tmp_path,
+                  env={"TRAINBENCH_FAIL_AT_STEP": "2", "TRAINBENCH_FAIL_RANK": "1"})
+    elapsed = time.time() - t0
+    assert res.returncode != 0
+    assert elapsed < 60
+    assert "rank 1 failed (killed by SIGKILL)" in res.stderr
+    assert "Traceback" not in res.stderr
+    (exp,) = experiment_dirs(tmp_path)
+    log = (exp / "log-pretrain_llama3.1_tiny_fp32_gpus2.out").read_text()
+    assert "iteration 1/19" in log and "job failed" in log  # the partial log is kept
+    exit_record = json.loads((exp / "exit.json").read_text())
+    assert exit_record["exit_code"] != 0
+    # No orphan ranks: nothing still runs this experiment's plan.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(exp) not in ps
+
+
+def test_bad_run_input_is_one_line(tmp_path):
+    for args, needle in [
+        (["--scale", "3"], "scales: 1, 2, 4"),
+        (["--scale", "2", "--set", "tp"], "KEY=VALUE"),
+        (["--scale", "2", "--dtype", "fp8"], "fp8 needs a GPU"),
+        (["--scale", "2", "--env", "A B=1"], "--env"),
+        (["--scale", "2", "--load-checkpoint", "/nonexistent"], "no such directory"),
+    ]:
+        res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--gpu", "cpu", *args,
+                      root=tmp_path)
+        assert res.returncode == 2, (args, res.stderr)
+        assert needle in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "experiments").exists()  # nothing half-written
