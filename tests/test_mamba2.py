@@ -5,7 +5,6 @@ kernel against the torch scan."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch

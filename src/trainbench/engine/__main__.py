@@ -30,6 +30,10 @@ def main(argv: list[str]) -> int:
     try:
         trainer.setup()
         trainer.train()
+        # Leave together: a rank tearing down gloo while a peer still talks to it can
+        # abort the peer after a complete run.
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
     except BaseException as exc:  # noqa: BLE001 - logged, then re-raised for torchrun
         report_failure(exp_dir, plan, exc)
         raise

@@ -14,6 +14,10 @@ split it by heads and groups (as Megatron does) without editing it:
 - the forward takes every size from `n_heads` and `n_groups` (attributes a TP plan
   divides by the TP degree) and from the fixed `head_dim` and `state_size`, never from
   the spec;
+- parameters the forward uses directly (conv1d, dt_bias, A_log, D, norm_weight) are
+  read through `_local`, so a plan may hold them as DTensors sharded along their first
+  axis (torchtitan's MoE experts do the same); in_proj and out_proj are plain
+  nn.Linear modules for the usual column- and row-wise styles;
 - `in_proj`'s rows and `conv1d`'s channels are laid out in named sections
   (`in_proj_sections`, `conv_sections`), and `shard_indices` says which rows, channels,
   heads and inner channels the r-th of T shards owns, so each shard is again a
@@ -29,9 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainbench.catalog.models import ModelSpec
+from trainbench.engine.models.transformer import INIT_STD
 
-INIT_STD = 0.02
-"""Standard deviation of in_proj's weight (matches transformer.py's linears)."""
 DT_MIN, DT_MAX = 1e-3, 1e-1
 """dt at init is sampled log-uniformly in [DT_MIN, DT_MAX] (Mamba-2)."""
 DT_INIT_FLOOR = 1e-4
@@ -43,6 +46,16 @@ try:  # The Triton chunk-scan kernel of the `mamba_ssm` package, when installed.
     from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 except Exception:  # ImportError, or a broken CUDA/Triton install: use the torch scan.
     mamba_chunk_scan_combined = None
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a parameter: a DTensor's local shard, else the tensor itself.
+
+    Duck-typed so this file needs no distributed import; differentiable, so gradients
+    reach the sharded parameter.
+    """
+    to_local = getattr(param, "to_local", None)
+    return to_local() if to_local is not None else param
 
 
 # ------------------------------------------------------------------------ scan
@@ -242,7 +255,8 @@ class Mamba2Mixer(nn.Module):
             conv_channels, conv_channels, spec.mamba_conv_kernel, groups=conv_channels,
             padding=spec.mamba_conv_kernel - 1, bias=True)
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
-        # fp32 whatever the model dtype: exp(A_log) spans [1, 16] and feeds every decay.
+        # Created in fp32 and always read as fp32: exp(A_log) spans [1, 16] and sets every
+        # decay, where bf16's 3 significant digits would show.
         self.A_log = nn.Parameter(torch.empty(self.n_heads, dtype=torch.float32))
         self.D = nn.Parameter(torch.empty(self.n_heads))
         self.norm_weight = nn.Parameter(torch.empty(d_inner))
@@ -310,7 +324,7 @@ class Mamba2Mixer(nn.Module):
         output t sees inputs t-k+1..t only."""
         length, channels = xbc.shape[1], xbc.shape[2]
         out = F.conv1d(
-            xbc.transpose(1, 2), self.conv1d.weight, self.conv1d.bias,
+            xbc.transpose(1, 2), _local(self.conv1d.weight), _local(self.conv1d.bias),
             padding=self.conv1d.padding, groups=channels)  # channels: local under TP
         return out[..., :length].transpose(1, 2)
 
@@ -318,20 +332,21 @@ class Mamba2Mixer(nn.Module):
         self, x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor
     ) -> torch.Tensor:
         """x [b, L, H, P], raw dt [b, L, H], B and C [b, L, G, N] -> y + D*x [b, L, H, P]."""
-        A = -torch.exp(self.A_log.float())
+        A = -torch.exp(_local(self.A_log).float())
+        dt_bias, D = _local(self.dt_bias), _local(self.D)
         if self.use_kernel and x.is_cuda and mamba_chunk_scan_combined is not None:
             # The kernel applies softplus(dt + dt_bias) and the D skip itself.
             return mamba_chunk_scan_combined(
-                x, dt, A, b, c, self.chunk, D=self.D, dt_bias=self.dt_bias, dt_softplus=True)
-        dt = F.softplus(dt.float() + self.dt_bias.float())  # [b, L, H], fp32
+                x, dt, A, b, c, self.chunk, D=D, dt_bias=dt_bias, dt_softplus=True)
+        dt = F.softplus(dt.float() + dt_bias.float())  # [b, L, H], fp32
         y, _ = ssd_chunked(x * dt.unsqueeze(-1).to(x.dtype), A * dt, b, c, self.chunk)
-        return y + x * self.D.to(x.dtype).unsqueeze(-1)
+        return y + x * D.to(x.dtype).unsqueeze(-1)
 
     def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """rmsnorm(y * silu(z)) over groups of d_inner/G channels, times weight (fp32)."""
         gated = (y.float() * F.silu(z.float())).unflatten(-1, (self.n_groups, -1))
         normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed.flatten(-2) * self.norm_weight.float()).to(y.dtype)
+        return (normed.flatten(-2) * _local(self.norm_weight).float()).to(y.dtype)
 
 
 def shard_indices(
