@@ -44,7 +44,7 @@ def format_step_line(m: StepMetrics) -> str:
         f"global_batch_size: {m.global_batch_size} | global_step: {m.iteration} | "
         f"peak_memory_usage: {m.peak_memory_bytes} | memory_allocated: {m.memory_allocated_bytes} | "
         f"reduced_train_loss: {m.loss:.4f} | grad_norm: {m.grad_norm:.4f} | "
-        f"train_step_timing in s: {m.step_time_s:.4f} | TFLOPS_per_GPU: {m.tflops_per_gpu:.2f} | "
+        f"train_step_timing in s: {m.step_time_s:.4f} | TFLOPS_per_GPU: {_tflops(m.tflops_per_gpu)} | "
         f"consumed_samples: {m.consumed_samples}"
     )
 

@@ -248,8 +248,33 @@ def record_job_end(root, job, code: int) -> None:
 
 def print_summary(out, exp_dir: Path) -> None:
     """The run's window statistics and metrics, next to the reference where one exists."""
-    try:
-        from ..results import summarize_experiment, render_summary
-    except ImportError:
-        return
-    out.print(render_summary(summarize_experiment(exp_dir)))
+    from rich.table import Table
+
+    from ..results import summarize_experiment
+    r = summarize_experiment(exp_dir)
+    table = Table(title=f"{r.name}: {r.status}" + (f" ({r.status_detail})" if r.status_detail
+                                                    else ""), show_header=False)
+    table.add_column("metric")
+    table.add_column("value")
+
+    def row(label: str, value, fmt: str = "{}") -> None:
+        table.add_row(label, "-" if value is None else fmt.format(value))
+
+    row("layout", r.layout)
+    if r.window_start is not None:
+        row(f"step time, iterations {r.window_start}-{r.window_end} (s)",
+            None if r.step_time_mean_s is None else
+            f"{r.step_time_mean_s:.4f} ± {r.step_time_std_s:.4f} (mean ± sample std, "
+            f"{r.window_count} steps)")
+    row("tokens/s", r.tokens_per_s, "{:,.1f}")
+    row("tokens/s per GPU", r.tokens_per_s_per_gpu, "{:,.1f}")
+    row("TFLOPS/GPU", r.tflops_per_gpu, "{:.4g}")
+    row(f"MFU ({r.mfu_convention} FLOPs, peak {r.peak_source})",
+        None if r.mfu_pct is None else f"{r.mfu_pct:.2f}% of {r.peak_tflops:.4g} TFLOPS")
+    row("days per 1T tokens", r.days_per_1t_tokens, "{:,.1f}")
+    row("peak memory (GiB)", r.peak_memory_gib, "{:.2f}")
+    if r.ref_step_time_s is not None:
+        row("reference step time (s)", r.ref_step_time_s)
+        row("% of reference tokens/s", r.pct_of_ref_tokens_per_s, "{:.1f}%")
+    row("verdict", r.verdict)
+    out.print(table)

@@ -1,5 +1,158 @@
-"""Commands of this subsystem (not written yet)."""
+"""`trainbench results` and `trainbench plot`. Everything heavy (rich, matplotlib) is
+imported inside the command bodies, so importing the CLI stays fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+_PATHS_HELP = ("Experiment directories, trees of them, or log files "
+               "(default: $TRAINBENCH_ROOT or the current directory).")
+_WINDOW_HELP = ("Iterations A-B to average, 0-based and inclusive (NeMo's 'iteration 11/49' "
+                "is 11); default: the seeds' 11-44 of 50, scaled to each run's length.")
+_CONVENTION_HELP = "FLOPs convention for TFLOPS and MFU: 'published' (the seeds') or 'causal'."
+_FOREIGN = "For logs of other frameworks whose name does not say it: "
+
+
+def _summarize(paths, window, convention, workload, size, dtype, scale, gpu):
+    """Results of every experiment under paths, or a clean exit 2 saying what is wrong."""
+    from .. import metrics
+    from ..cli import fail
+    from ..launch.experiment import default_root
+    from .summary import check_options, summarize_paths
+    try:
+        check_options(convention, workload, size, dtype, scale, gpu)
+    except ValueError as err:
+        fail(str(err))
+    win = None
+    if window is not None:
+        try:
+            win = metrics.parse_window(window)
+        except ValueError as err:
+            fail(f"--window: {err}")
+    roots = list(paths) if paths else [default_root()]
+    try:
+        results = summarize_paths(roots, window=win, convention=convention, workload=workload,
+                                  size=size, dtype=dtype, scale=scale, gpu=gpu)
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+        fail(str(err))
+    if not results:
+        fail(f"no experiments found under {', '.join(map(str, roots))}; an experiment is a "
+             "directory with plan.json or metrics.jsonl, or a *.out/*.log file with step lines")
+    return results
+
+
+def _write_new_file(path: Path, text: str) -> None:
+    """Write a file that must not exist yet, through a temporary name (never half-written)."""
+    import os
+    import tempfile
+    from ..cli import fail
+    if path.exists():
+        fail(f"{path} already exists; results never overwrite a file, choose another -o")
+    if not path.parent.is_dir():
+        fail(f"directory {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def register(app) -> None:
-    """Add this subsystem's commands to the trainbench Typer app."""
+    """Add `results` and `plot` to the trainbench Typer app."""
+
+    @app.command("results")
+    def results_command(
+        paths: Optional[list[Path]] = typer.Argument(None, help=_PATHS_HELP, show_default=False),
+        fmt: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
+        window: Optional[str] = typer.Option(None, "--window", help=_WINDOW_HELP),
+        sort: Optional[str] = typer.Option(
+            None, "--sort", help="Column to sort by (gpus, step_time, tokens, tflops, mfu, "
+                                 "days, memory, status, name, ...); --sort=-mfu for descending."),
+        convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
+        output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                              help="Write to this new file instead of stdout."),
+        workload: Optional[str] = typer.Option(None, "-w", "--workload",
+                                               help=_FOREIGN + "workload key."),
+        size: Optional[str] = typer.Option(None, "-s", "--size", help=_FOREIGN + "model size."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help=_FOREIGN + "bf16 or fp8."),
+        scale: Optional[int] = typer.Option(None, "--scale", help=_FOREIGN + "number of GPUs."),
+        gpu: str = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' is h100)."),
+        records: bool = typer.Option(False, "--records", help="JSON: include every step record."),
+    ):
+        """Status, step times, throughput and MFU of runs, against the references.
+
+        Every experiment under the given paths: trainbench runs and logs of NeMo 1/2,
+        Megatron-LM/Bridge and MaxText, one row each, with a summary line."""
+        from ..cli import console, fail
+        from . import report
+        if fmt not in report.FORMATS:
+            fail(f"unknown --format {fmt!r}; use one of {', '.join(report.FORMATS)}")
+        if sort:
+            try:
+                report.sort_key_name(sort)
+            except ValueError as err:
+                fail(str(err))
+        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu)
+        results = report.sort_results(results, sort)
+        if fmt == "csv":
+            text = report.to_csv(results)
+        elif fmt == "json":
+            text = report.to_json(results, with_records=records) + "\n"
+        elif output is not None:
+            import io
+
+            from rich.console import Console
+            buf = io.StringIO()
+            report.print_table(results, Console(file=buf, width=250, color_system=None),
+                               convention)
+            text = buf.getvalue()
+        else:
+            report.print_table(results, console(), convention)
+            return
+        if output is not None:
+            _write_new_file(output, text)
+            typer.echo(f"wrote {output} ({len(results)} experiment(s)); "
+                       + report.summary_line(results))
+        else:
+            typer.echo(text, nl=False)
+
+    @app.command("plot")
+    def plot_command(
+        paths: Optional[list[Path]] = typer.Argument(None, help=_PATHS_HELP, show_default=False),
+        out_dir: Path = typer.Option(..., "-o", "--out", help="Directory for the PNG files "
+                                                              "(created; existing charts are "
+                                                              "never overwritten)."),
+        window: Optional[str] = typer.Option(None, "--window", help=_WINDOW_HELP),
+        convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
+        workload: Optional[str] = typer.Option(None, "-w", "--workload",
+                                               help=_FOREIGN + "workload key."),
+        size: Optional[str] = typer.Option(None, "-s", "--size", help=_FOREIGN + "model size."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help=_FOREIGN + "bf16 or fp8."),
+        scale: Optional[int] = typer.Option(None, "--scale", help=_FOREIGN + "number of GPUs."),
+        gpu: str = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' is h100)."),
+    ):
+        """PNG charts of runs: scaling against the reference, step times, losses.
+
+        scaling.png: tokens/s and MFU against GPU count with the reference curve (weak
+        scaling); step_time_<run>.png: step time per iteration, warm-up and window shaded;
+        loss.png: loss curves."""
+        from ..cli import fail
+        from .plot import write_plots
+        if out_dir.exists() and not out_dir.is_dir():
+            fail(f"{out_dir} is a file; -o takes a directory")
+        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu)
+        try:
+            written = write_plots(results, out_dir, convention)
+        except FileExistsError as err:
+            fail(str(err))
+        if not written:
+            fail("no run has step data to plot")
+        for path in written:
+            typer.echo(f"wrote {path}")

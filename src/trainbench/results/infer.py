@@ -18,8 +18,8 @@ from ..catalog import models
 
 _SIZE = r"(\d+(?:\.\d+)?b(?:-proxy)?|tiny)"
 _DTYPE = r"(bf16|fp8|fp32)"
-_NEMO2_NAME = re.compile(r"(pretrain(?:ing)?_[a-z0-9.]+?)_" + _SIZE + "_" + _DTYPE + r"_(?:gpus)?(\d+)",
-                         re.I)
+_NEMO2_NAME = re.compile(
+    r"(pretrain(?:ing)?_[a-z0-9.]+?)_" + _SIZE + "_" + _DTYPE + r"_(?:gpus)?(\d+)", re.I)
 _MAXTEXT_NAME = re.compile(r"maxtext[-_](\d+)_" + _SIZE, re.I)
 _DTYPE_DIR = re.compile(_DTYPE + "$", re.I)
 _SIZE_DIR = re.compile(_SIZE + "$", re.I)

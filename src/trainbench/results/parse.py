@@ -362,21 +362,33 @@ def scan_log(path: str | Path, chunk_size: int = CHUNK_SIZE) -> LogScan:
     """Stream a log file once and return its step records; never holds the file whole."""
     scan = LogScan(Path(path))
     acc = _Accumulator(scan)
-    carry = b""
+
+    def feed_region(buf: bytes, start: int, end: int) -> None:
+        for seg_start, seg_end in _segments(buf, start, end, acc.markers()):
+            acc.feed(buf[seg_start:seg_end], truncated=False)
+
+    carry = b""  # the partial line at the end of the previous chunk
     with open(path, "rb") as fh:
         while True:
             data = fh.read(chunk_size)
             if not data:
                 break
             scan.bytes_read += len(data)
-            buf = carry + data if carry else data
-            # Process whole lines only; the partial last line waits for the next chunk.
-            end = max(buf.rfind(b"\n"), buf.rfind(b"\r")) + 1
-            if end == 0 and len(buf) > MAX_LINE:
-                end = len(buf)
-            for seg_start, seg_end in _segments(buf, 0, end, acc.markers()):
-                acc.feed(buf[seg_start:seg_end], truncated=False)
-            carry = buf[end:]
+            first = data.find(b"\n")
+            if first < 0:
+                carry += data
+                if len(carry) > MAX_LINE:  # a runaway line: cut it at its last redraw
+                    cut = carry.rfind(b"\r") + 1 or len(carry)
+                    feed_region(carry, 0, cut)
+                    carry = carry[cut:]
+                continue
+            # The line the chunk edge split is joined on its own; the rest of the chunk is
+            # searched in place, so the chunk is never copied.
+            head = carry + data[:first + 1]
+            feed_region(head, 0, len(head))
+            last = data.rfind(b"\n") + 1
+            feed_region(data, first + 1, last)
+            carry = data[last:]
     if carry:
         scan.truncated_last_line = True
         segments = _segments(carry, 0, len(carry), acc.markers())
@@ -434,8 +446,8 @@ def _int_or_none(value) -> int | None:
 
 # --- the last error line -------------------------------------------------------------------
 
-_ERROR_MARKERS = (b"Error", b"Exception", b"error:", b"Traceback", b"Killed", b"out of memory",
-                  b"CANCELLED")
+_ERROR_MARKERS = (b"Error", b"Exception", b"exception", b"error:", b"Traceback", b"Killed",
+                  b"out of memory", b"CANCELLED")
 # `RuntimeError: ...`, `srun: error: ...`, `torch.OutOfMemoryError: ...`: the line that says
 # what went wrong, preferred over `Traceback (most recent call last):` and the like.
 _STRONG_ERROR = re.compile(
@@ -455,7 +467,11 @@ def find_last_error(path: str | Path, chunk_size: int = CHUNK_SIZE) -> str | Non
             fh.seek(start)
             buf = fh.read(end - start) + tail
             # The first (partial) line of this block is completed by the next block back.
-            cut = buf.find(b"\n") + 1 if start > 0 else 0
+            newline = buf.find(b"\n")
+            if start > 0 and newline < 0 and len(buf) <= MAX_LINE:
+                tail, end = buf, start  # no line break yet: the whole block is one partial line
+                continue
+            cut = newline + 1 if start > 0 else 0
             lines = []
             for seg_start, seg_end in _segments(buf, cut, len(buf), _ERROR_MARKERS):
                 lines.append(buf[seg_start:seg_end].decode("utf-8", "replace").strip())

@@ -1,0 +1,175 @@
+"""Results as a rich table, CSV or JSON, with a summary line. No torch; rich is imported
+only by the table renderer."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter
+from dataclasses import fields
+
+from .status import FAILED, INCOMPLETE, INVALID, STATUSES, SUCCESS
+from .summary import ExperimentResult
+
+FORMATS = ("table", "csv", "json")
+
+# Short names accepted by --sort, besides every field of ExperimentResult.
+SORT_ALIASES = {
+    "step_time": "step_time_mean_s",
+    "step": "step_time_mean_s",
+    "tokens": "tokens_per_s",
+    "tokens_per_gpu": "tokens_per_s_per_gpu",
+    "tflops": "tflops_per_gpu",
+    "mfu": "mfu_pct",
+    "days": "days_per_1t_tokens",
+    "memory": "peak_memory_gib",
+    "ref": "pct_of_ref_tokens_per_s",
+}
+SORTABLE = tuple(f.name for f in fields(ExperimentResult) if f.name not in ("records", "notes"))
+
+
+def sort_key_name(column: str) -> tuple[str, bool]:
+    """'--sort -mfu' -> ('mfu_pct', descending=True); ValueError for an unknown column."""
+    descending = column.startswith("-")
+    name = column.lstrip("-").strip().lower()
+    name = SORT_ALIASES.get(name, name)
+    if name not in SORTABLE:
+        raise ValueError(f"cannot sort by {column!r}; use one of "
+                         f"{', '.join(sorted(SORT_ALIASES))} or a field: {', '.join(SORTABLE)}"
+                         " (prefix '-' for descending, e.g. --sort=-mfu)")
+    return name, descending
+
+
+def sort_results(results: list[ExperimentResult], column: str | None) -> list[ExperimentResult]:
+    """Sorted by a column (missing values last); by default grouped by workload, size,
+    dtype and scale."""
+    if not column:
+        return sorted(results, key=lambda r: (r.workload or "~", r.size or "", r.dtype or "",
+                                              r.gpus or 0, r.name))
+    name, descending = sort_key_name(column)
+    have = [r for r in results if getattr(r, name) is not None]
+    missing = [r for r in results if getattr(r, name) is None]
+    have.sort(key=lambda r: getattr(r, name), reverse=descending)
+    return have + missing
+
+
+def summary(results: list[ExperimentResult]) -> dict:
+    counts = Counter(r.status for r in results)
+    n = len(results)
+    return {
+        "experiments": n,
+        **{status.lower(): counts.get(status, 0) for status in STATUSES},
+        "success_rate_pct": 100.0 * counts.get(SUCCESS, 0) / n if n else 0.0,
+    }
+
+
+def summary_line(results: list[ExperimentResult]) -> str:
+    s = summary(results)
+    parts = ", ".join(f"{s[st.lower()]} {st}" for st in STATUSES)
+    conventions = sorted({r.mfu_convention for r in results if r.mfu_convention})
+    line = (f"{s['experiments']} experiment(s): {parts}; success rate "
+            f"{s['success_rate_pct']:.0f}% ({s[SUCCESS.lower()]}/{s['experiments']})")
+    if conventions:
+        line += f"; MFU convention: {', '.join(conventions)}"
+    return line
+
+
+# --- CSV and JSON ---------------------------------------------------------------------------
+
+def to_csv(results: list[ExperimentResult]) -> str:
+    buf = io.StringIO()
+    names = [f.name for f in fields(ExperimentResult) if f.name != "records"]
+    writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    for r in results:
+        row = r.to_dict()
+        row["notes"] = "; ".join(row["notes"])
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+def to_json(results: list[ExperimentResult], with_records: bool = False) -> str:
+    return json.dumps({"summary": summary(results),
+                       "experiments": [r.to_dict(with_records) for r in results]}, indent=2)
+
+
+# --- the rich table -------------------------------------------------------------------------
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _step(r: ExperimentResult) -> str:
+    if r.step_time_mean_s is None:
+        return "-"
+    return f"{r.step_time_mean_s:.4g}±{r.step_time_std_s:.2g}"
+
+
+_STATUS_STYLE = {SUCCESS: "green", INCOMPLETE: "yellow", FAILED: "red", INVALID: "magenta"}
+
+TABLE_COLUMNS = (
+    # header, cell, justify; only the experiment name may wrap.
+    ("experiment", lambda r: r.name, "left"),
+    ("status", lambda r: r.status, "left"),
+    ("fmt", lambda r: r.format or "-", "left"),
+    ("workload", lambda r: " ".join(x for x in ((r.workload or "?").replace("pretrain_", ""),
+                                                r.size or "?", r.dtype or "?")), "left"),
+    ("GPUs", lambda r: f"{r.gpus or '?'} {r.gpu_type or ''}".strip(), "right"),
+    ("GBS", lambda r: _num(r.gbs, "d"), "right"),
+    ("window", lambda r: f"{r.window_start}-{r.window_end}" if r.window else "-", "right"),
+    ("step s±sd", _step, "right"),
+    ("tokens/s", lambda r: _num(r.tokens_per_s, ",.0f"), "right"),
+    ("tok/s/GPU", lambda r: _num(r.tokens_per_s_per_gpu, ",.0f"), "right"),
+    ("TFLOPS/GPU", lambda r: _num(r.tflops_per_gpu, ".4g")
+     + (" (log)" if r.tflops_source == "log" else ""), "right"),
+    ("MFU", lambda r: "-" if r.mfu_pct is None else f"{r.mfu_pct:.3g}%"
+     + (" (GEMM)" if r.peak_source == "measured GEMM" else ""), "right"),
+    ("days/1T", lambda r: _num(r.days_per_1t_tokens, ".4g"), "right"),
+    ("mem GiB", lambda r: _num(r.peak_memory_gib, ".1f"), "right"),
+    ("%ref step", lambda r: "-" if r.pct_of_ref_step_time is None
+     else f"{r.pct_of_ref_step_time:.1f}%", "right"),
+    ("%ref tok/s", lambda r: "-" if r.pct_of_ref_tokens_per_s is None
+     else f"{r.pct_of_ref_tokens_per_s:.1f}%", "right"),
+    ("verdict", lambda r: r.verdict, "left"),
+)
+
+
+def build_table(results: list[ExperimentResult], title: str = "trainbench results"):
+    from rich.table import Table
+    from rich.text import Text
+    table = Table(title=title)
+    for header, _, justify in TABLE_COLUMNS:
+        if header == "experiment":
+            table.add_column(header, justify=justify, overflow="fold", min_width=20)
+        else:
+            table.add_column(header, justify=justify, no_wrap=True)
+    for r in results:
+        # Text cells: names from the file system are never read as rich markup.
+        table.add_row(*(Text(cell(r), style=_STATUS_STYLE[r.status] if header == "status" else "")
+                        for header, cell, _ in TABLE_COLUMNS))
+    return table
+
+
+def detail_lines(results: list[ExperimentResult]) -> list[str]:
+    """One line per run that needs explaining: why it is not a success, and its notes."""
+    lines = []
+    for r in results:
+        said = []
+        if r.status != SUCCESS or r.status_detail:
+            said.append(f"{r.status}: {r.status_detail}" if r.status_detail else r.status)
+        said.extend(r.notes)
+        if said:
+            lines.append(f"{r.name}: " + "; ".join(said))
+    return lines
+
+
+def print_table(results: list[ExperimentResult], console, convention: str) -> None:
+    if not console.is_terminal:
+        # Piped or written to a file: nothing limits the width, so no cell is cut.
+        console.width = max(console.width, 400)
+    console.print(build_table(results, title=f"trainbench results (FLOPs convention: "
+                                             f"{convention})"))
+    for line in detail_lines(results):
+        console.print(line, markup=False, highlight=False)
+    console.print(summary_line(results), markup=False, highlight=False)

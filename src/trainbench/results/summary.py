@@ -1,0 +1,594 @@
+"""One experiment's results: parse its steps, compute its status, window statistics and
+metrics, and compare them with the published reference.
+
+An experiment is a trainbench run directory (plan.json, metrics.jsonl, log-<name>.out,
+run.json, exit.json) or a single log file from another framework. The library entry
+point is `summarize_experiment(path, ...)`; `find_experiments` walks a directory tree.
+Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import flops as fl
+from .. import metrics
+from ..catalog import hardware, models, recipes, references
+from ..launch.experiment import EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE
+from .infer import Identity, infer_identity
+from .parse import LogScan, StepRecord, find_last_error, read_metrics_jsonl, scan_log
+from .status import FAILED, INCOMPLETE, INVALID, SUCCESS, compute_status
+
+LOG_SUFFIXES = (".out", ".log")
+DEFAULT_GPU = "h100"
+"""GPU assumed for foreign logs: every seed measured on H100 (shown in the gpu column)."""
+DEFAULT_TOLERANCE_PCT = 5.0
+
+
+@dataclass
+class ExperimentResult:
+    """Everything `trainbench results` reports about one run (one table row)."""
+
+    name: str
+    path: str
+    log_file: str | None = None
+    format: str | None = None
+    status: str = FAILED
+    status_detail: str = ""
+    workload: str | None = None
+    size: str | None = None
+    dtype: str | None = None
+    gpu_type: str | None = None
+    gpus: int | None = None
+    """GPUs, or ranks of a CPU run."""
+    layout: str | None = None
+    gbs: int | None = None
+    seq_len: int | None = None
+    identity_source: str = ""
+    """Where workload/size/dtype/scale came from: 'plan.json', 'options', 'name' or ''."""
+    steps_logged: int = 0
+    last_iteration: int | None = None
+    total_iterations: int | None = None
+    window_start: int | None = None
+    window_end: int | None = None
+    window_count: int = 0
+    step_time_mean_s: float | None = None
+    step_time_std_s: float | None = None
+    """Sample standard deviation (n-1) over the window."""
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None
+    tflops_source: str | None = None
+    """'computed (<convention>)' from the model's FLOPs, or 'log' (the log's own figure)."""
+    log_tflops_per_gpu: float | None = None
+    """Window mean of the TFLOPS the log itself printed, if any."""
+    mfu_pct: float | None = None
+    mfu_convention: str | None = None
+    peak_tflops: float | None = None
+    peak_source: str | None = None
+    """'catalog', 'measured GEMM' (CPU runs) or 'user'."""
+    days_per_1t_tokens: float | None = None
+    peak_memory_gib: float | None = None
+    ref_step_time_s: float | None = None
+    ref_tokens_per_s: float | None = None
+    ref_mfu_pct: float | None = None
+    """The reference MFU recomputed under this result's FLOPs convention."""
+    pct_of_ref_step_time: float | None = None
+    pct_of_ref_tokens_per_s: float | None = None
+    verdict: str = ""
+    comparable: bool = True
+    """False for profiled or NCCL-traced runs: their timings are not valid for comparison."""
+    exit_code: int | None = None
+    last_error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list, repr=False)
+    """Every step record (for plots); left out of to_dict()."""
+
+    def to_dict(self, with_records: bool = False) -> dict:
+        data = _json_safe(asdict(self))
+        data.pop("records")
+        if with_records:
+            data["records"] = [_json_safe(r.to_dict()) for r in self.records]
+        return data
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        if self.window_start is None or self.window_end is None:
+            return None
+        return self.window_start, self.window_end
+
+
+def _json_safe(data: dict) -> dict:
+    """NaN and infinities as the strings 'nan'/'inf' (JSON has no such numbers), as the
+    engine writes them in metrics.jsonl."""
+    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in data.items()}
+
+
+# --- finding experiments ------------------------------------------------------------------
+
+def is_experiment_dir(path: Path) -> bool:
+    return (path / PLAN_FILE).is_file() or (path / METRICS_FILE).is_file()
+
+
+def _is_main_log(path: Path) -> bool:
+    """The seeds and trainbench name a run's main log `log-<name>.out`."""
+    return path.name.startswith("log-") and path.suffix in LOG_SUFFIXES
+
+
+def find_experiments(paths: list[str | Path]) -> list[tuple[Path, bool]]:
+    """Experiments under the given paths, as (path, certain) pairs in a stable order.
+
+    A directory with plan.json or metrics.jsonl is one experiment (not descended into);
+    a `log-*.out` file is one; another *.out/*.log file is one only if it holds step
+    lines, which the caller learns by parsing it (certain=False). A file named on the
+    command line is always an experiment. FileNotFoundError for a path that does not exist.
+    """
+    found: list[tuple[Path, bool]] = []
+    seen: set[Path] = set()
+
+    def add(p: Path, certain: bool) -> None:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            found.append((p, certain))
+
+    for raw in paths:
+        top = Path(raw)
+        if not top.exists():
+            raise FileNotFoundError(f"{top} does not exist")
+        if top.is_file():
+            add(top.parent if is_experiment_dir(top.parent) else top, True)
+            continue
+        for root, dirs, files in os.walk(top):
+            here = Path(root)
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            if is_experiment_dir(here):
+                add(here, True)
+                dirs[:] = []
+                continue
+            for name in sorted(files):
+                p = here / name
+                if p.suffix in LOG_SUFFIXES:
+                    add(p, _is_main_log(p))
+    return found
+
+
+# --- reading a trainbench run directory -------------------------------------------------------
+
+@dataclass
+class _RunFacts:
+    """What the trainbench files of a run directory say (all optional)."""
+
+    plan: dict | None = None
+    model: models.ModelSpec | None = None
+    run: dict | None = None
+    exit: dict | None = None
+
+
+def _read_json(path: Path, notes: list[str]) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        notes.append(f"{path.name} unreadable: {err}")
+        return None
+    if not isinstance(data, dict):
+        notes.append(f"{path.name} is not a JSON object")
+        return None
+    return data
+
+
+def _read_run_dir(directory: Path, notes: list[str]) -> _RunFacts:
+    facts = _RunFacts()
+    facts.plan = _read_json(directory / PLAN_FILE, notes)
+    if facts.plan is not None:
+        from ..plan import Plan
+        try:
+            facts.model = Plan.from_dict(dict(facts.plan)).model
+        except (TypeError, KeyError, ValueError):
+            # A plan written by another trainbench version: the catalog still knows the model.
+            try:
+                spec = models.get_model(facts.plan["workload"], facts.plan["size"])
+                layers = facts.plan.get("model", {}).get("layers")
+                facts.model = spec.with_layers(layers) if layers and not spec.is_hybrid else spec
+            except (LookupError, KeyError):
+                notes.append("plan.json names a model this trainbench does not know")
+    facts.run = _read_json(directory / RUN_FILE, notes)
+    facts.exit = _read_json(directory / EXIT_FILE, notes)
+    return facts
+
+
+def _run_dir_log(directory: Path, plan: dict | None) -> Path | None:
+    if plan and plan.get("name"):
+        named = directory / f"log-{plan['name']}.out"
+        if named.is_file():
+            return named
+    logs = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in LOG_SUFFIXES)
+    mains = [p for p in logs if _is_main_log(p)]
+    return (mains or logs or [None])[0]
+
+
+def _experiment_name(path: Path) -> str:
+    if path.is_dir():
+        return path.name
+    stem = path.stem
+    return stem[4:] if stem.startswith("log-") else stem
+
+
+def check_options(convention: str = "published", workload: str | None = None,
+                  size: str | None = None, dtype: str | None = None, scale: int | None = None,
+                  gpu: str | None = None) -> None:
+    """ValueError naming what is wrong with user-given options, and what would be right."""
+    from ..plan import DTYPES
+    if convention not in fl.CONVENTIONS:
+        raise ValueError(f"unknown FLOPs convention {convention!r}; use one of "
+                         f"{', '.join(fl.CONVENTIONS)}")
+    if workload is not None and workload not in models.WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; known workloads: "
+                         f"{', '.join(models.WORKLOADS)}")
+    if size is not None:
+        known = models.sizes(workload) if workload else sorted(
+            {s for w in models.WORKLOADS for s in models.sizes(w)})
+        if size.lower() not in known:
+            raise ValueError(f"unknown size {size!r}" + (f" for {workload}" if workload else "")
+                             + f"; known sizes: {', '.join(known)}")
+    if dtype is not None and dtype.lower() not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if scale is not None and scale < 1:
+        raise ValueError(f"scale {scale} must be at least 1")
+    if gpu is not None and gpu.lower() not in hardware.GPUS and gpu.lower() != hardware.CPU:
+        raise ValueError(f"unknown GPU type {gpu!r}; known types: {', '.join(hardware.GPUS)}")
+
+
+# --- the summary -----------------------------------------------------------------------------
+
+def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = None,
+                         convention: str = "published", workload: str | None = None,
+                         size: str | None = None, dtype: str | None = None,
+                         scale: int | None = None, gpu: str | None = None,
+                         tolerance_pct: float = DEFAULT_TOLERANCE_PCT,
+                         scan: LogScan | None = None) -> ExperimentResult:
+    """Status, window statistics, metrics and reference comparison of one experiment.
+
+    path: a trainbench run directory, or a log file of any supported framework.
+    window: 0-based iterations (inclusive); default: the seeds' 11-44 of 50, scaled to
+    the run length. convention: FLOPs convention for TFLOPS and MFU ('published' or
+    'causal'). workload/size/dtype/scale/gpu describe a foreign log when its name does not
+    (they override what the name says; trainbench runs take them from plan.json).
+    scan: a scan already made of this log file (saves reading it twice).
+    ValueError for an unknown convention, workload, size, dtype or GPU.
+    """
+    check_options(convention, workload, size, dtype, scale, gpu)
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    notes: list[str] = []
+    result = ExperimentResult(name=_experiment_name(path), path=str(path), notes=notes)
+
+    facts = _RunFacts()
+    log_file: Path | None = None
+    if path.is_dir():
+        scan = None  # a run directory's own files decide what is read
+        facts = _read_run_dir(path, notes)
+        metrics_file = path / METRICS_FILE
+        log_file = _run_dir_log(path, facts.plan)
+        if metrics_file.is_file():
+            scan = read_metrics_jsonl(metrics_file)
+            if scan.truncated_last_line:
+                notes.append("metrics.jsonl ends mid-line (run still writing or killed)")
+            result.log_file = str(metrics_file)
+        if (scan is None or not scan.records) and log_file is not None:
+            scan = scan_log(log_file)
+            result.log_file = str(log_file)
+    else:
+        log_file = path
+        scan = scan if scan is not None else scan_log(path)
+        result.log_file = str(path)
+    if scan is None:
+        scan = LogScan(path)
+        notes.append("no metrics.jsonl and no log file")
+    result.format = scan.format
+    result.records = scan.records
+
+    _identify(result, facts, scan, path, workload, size, dtype, scale, gpu)
+    spec = _model_spec(result, facts, notes)
+
+    # Run length and window.
+    total = scan.total_iterations
+    if facts.plan and facts.plan.get("steps"):
+        total = int(facts.plan["steps"])
+    iterations = [r.iteration for r in scan.records]
+    result.steps_logged = len(iterations)
+    result.last_iteration = iterations[-1] if iterations else None
+    result.total_iterations = total
+    length = total or (iterations[-1] + 1 if iterations else None)
+    win = window or (metrics.default_window(length) if length else None)
+    if win:
+        result.window_start, result.window_end = win
+
+    # Status (the log's last error line is looked up only when something went wrong).
+    if facts.exit is not None:
+        try:
+            result.exit_code = int(facts.exit.get("exit_code"))
+        except (TypeError, ValueError):
+            notes.append("exit.json has no integer exit_code")
+    provisional = compute_status(scan.records, total, win or (0, 0))
+    if provisional.status in (FAILED, INCOMPLETE) or (result.exit_code or 0) != 0:
+        result.last_error = _last_error(log_file, facts.exit)
+    status = compute_status(scan.records, total, win or (0, 0), result.last_error)
+    result.status, result.status_detail = status.status, status.detail
+    if result.exit_code and status.status == SUCCESS:
+        result.status_detail = (f"exit code {result.exit_code} after the last step"
+                                + (f": {result.last_error}" if result.last_error else ""))
+
+    _comparability(result, facts)
+    _window_metrics(result, scan, spec, convention, facts)
+    _compare(result, spec, convention, tolerance_pct)
+    return result
+
+
+def _identify(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: Path,
+              workload, size, dtype, scale, gpu) -> None:
+    plan = facts.plan
+    if plan is not None:
+        result.workload, result.size = plan.get("workload"), plan.get("size")
+        result.dtype, result.gpu_type = plan.get("dtype"), plan.get("gpu_type")
+        result.gpus = plan.get("gpus")
+        result.gbs, result.seq_len = plan.get("gbs"), plan.get("seq_len")
+        layout = plan.get("layout") or {}
+        if layout:
+            from ..plan import Layout
+            try:
+                result.layout = Layout(**layout).describe()
+            except TypeError:
+                result.layout = None
+        result.identity_source = "plan.json"
+        run = facts.run or {}
+        if run.get("world_size") and run["world_size"] != result.gpus:
+            result.notes.append(f"run.json world size {run['world_size']} differs from the "
+                                f"plan's {result.gpus}")
+        # The device actually used decides which reference applies.
+        device = run.get("device_name")
+        if device and result.gpu_type != hardware.CPU:
+            found = hardware.gpu_from_device_name(device)
+            if found and found.key != result.gpu_type:
+                result.notes.append(f"planned for {result.gpu_type}, ran on {device}")
+                result.gpu_type = found.key
+        return
+    given = Identity(workload, size.lower() if size else None,
+                     dtype.lower() if dtype else None, scale)
+    inferred = infer_identity(path, scan.format)
+    ident = given.merged_over(inferred)
+    result.workload, result.size, result.dtype, result.gpus = (
+        ident.workload, ident.size, ident.dtype, ident.gpus)
+    result.gpu_type = (gpu or DEFAULT_GPU).lower()
+    sources = []
+    if not given.is_empty():
+        sources.append("options")
+    if any(getattr(inferred, k) is not None and getattr(given, k) is None
+           for k in ("workload", "size", "dtype", "gpus")):
+        sources.append("name")
+    result.identity_source = "+".join(sources)
+
+    row = None
+    if result.workload and result.size and result.dtype and result.gpus:
+        try:
+            row = recipes.find_row(result.workload, result.size, result.dtype, result.gpus,
+                                   result.gpu_type)
+        except LookupError:
+            row = None
+    if row is not None:
+        result.layout = (f"TP{row.tp} PP{row.pp} CP{row.cp} DP{row.dp}"
+                         + (f" VP{row.vp}" if row.vp > 1 else "") + " (recipe)")
+    # The log's own batch and sequence length, where it prints them, describe the run
+    # better than the recipe.
+    logged_gbs = next((r.global_batch_size for r in reversed(scan.records)
+                       if r.global_batch_size), None)
+    cfg = scan.config
+    if logged_gbs is None and cfg.get("global_batch_size_to_train_on", "").isdigit():
+        logged_gbs = int(cfg["global_batch_size_to_train_on"])
+    seq = int(cfg["max_target_length"]) if cfg.get("max_target_length", "").isdigit() else None
+    if seq is None and row is not None:
+        seq = row.seq_len
+    if seq is None and result.workload and result.size:
+        try:
+            seq = models.get_model(result.workload, result.size).seq_len
+        except LookupError:
+            pass
+    result.seq_len = seq
+    result.gbs = logged_gbs or (row.gbs if row else None)
+    if logged_gbs and row and logged_gbs != row.gbs:
+        result.notes.append(f"GBS {logged_gbs} in the log, {row.gbs} in the recipe")
+
+
+def _model_spec(result: ExperimentResult, facts: _RunFacts, notes: list[str]):
+    if facts.model is not None:
+        return facts.model
+    if not (result.workload and result.size):
+        return None
+    try:
+        spec = models.get_model(result.workload, result.size)
+    except LookupError as err:
+        notes.append(str(err))
+        return None
+    if not spec.is_hybrid and result.dtype and result.gpus:
+        try:  # the 405B proxies take their depth from the recipe row of their scale
+            row = recipes.find_row(result.workload, result.size, result.dtype, result.gpus,
+                                   result.gpu_type or DEFAULT_GPU)
+            spec = spec.with_layers(row.layers)
+        except LookupError:
+            pass
+    return spec
+
+
+def _last_error(log_file: Path | None, exit_info: dict | None) -> str | None:
+    line = None
+    if log_file is not None and log_file.is_file():
+        line = find_last_error(log_file)
+    if exit_info and exit_info.get("reason"):
+        reason = str(exit_info["reason"])
+        line = f"{reason} ({line})" if line and line not in reason else reason
+    return line
+
+
+def _comparability(result: ExperimentResult, facts: _RunFacts) -> None:
+    features = (facts.plan or {}).get("features") or {}
+    if features.get("profile"):
+        result.comparable = False
+        result.notes.append(f"profiled run ({features['profile']}): not valid for "
+                            "performance comparison")
+    elif features.get("nccl_trace"):
+        result.comparable = False
+        result.notes.append("NCCL-traced run: not valid for performance comparison")
+    elif facts.plan is None:
+        # The seeds name their profiling runs `..._nsys` and trace into `..._nccltrace`.
+        text = result.path.lower()
+        if "_nsys" in text or "nccltrace" in text:
+            result.comparable = False
+            result.notes.append("profiling run (by its name): not valid for performance "
+                                "comparison")
+
+
+def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str | None]:
+    run = facts.run or {}
+    if run.get("peak_tflops"):
+        return float(run["peak_tflops"]), run.get("peak_source") or "run.json"
+    if facts.plan is not None:
+        if facts.plan.get("peak_tflops"):
+            return float(facts.plan["peak_tflops"]), "catalog"
+        if result.gpu_type == hardware.CPU:
+            result.notes.append("CPU run without run.json: no measured GEMM peak, no MFU")
+        return None, None
+    if result.gpu_type and result.dtype:
+        try:
+            peak = hardware.get_gpu(result.gpu_type).peak(result.dtype)
+        except LookupError:
+            return None, None
+        return (peak, "catalog") if peak else (None, None)
+    return None, None
+
+
+def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: str,
+                    facts: _RunFacts) -> None:
+    records = scan.records
+    peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes]
+    if scan.peak_memory_bytes:
+        peaks.append(scan.peak_memory_bytes)
+    if peaks:
+        result.peak_memory_gib = max(peaks) / 2**30
+    if result.window is None or not records or result.status in (FAILED, INVALID):
+        return
+    stats = metrics.window_stats({r.iteration: r.step_time_s for r in records}, result.window)
+    if stats is None:
+        result.notes.append(f"no step in window {result.window_start}-{result.window_end}")
+        return
+    result.window_count = stats.count
+    result.step_time_mean_s, result.step_time_std_s = stats.mean, stats.std
+    logged = metrics.window_stats({r.iteration: r.tflops_per_gpu for r in records
+                                   if r.tflops_per_gpu is not None}, result.window)
+    if logged is not None:
+        result.log_tflops_per_gpu = logged.mean
+
+    t = stats.mean
+    if result.seq_len and result.gbs:
+        result.tokens_per_s = metrics.tokens_per_second(result.seq_len, result.gbs, t)
+        result.days_per_1t_tokens = metrics.days_to_train(result.tokens_per_s)
+        if result.gpus:
+            result.tokens_per_s_per_gpu = result.tokens_per_s / result.gpus
+    peak, source = _peak(result, facts)
+    result.peak_tflops, result.peak_source = peak, source
+    if spec is not None and result.gbs and result.gpus:
+        f = fl.flops_per_sequence(spec, result.seq_len, convention)
+        result.tflops_per_gpu = metrics.tflops_per_gpu(result.gbs, f, t, result.gpus)
+        result.tflops_source = f"computed ({convention})"
+        if peak:
+            result.mfu_pct = 100 * metrics.mfu(result.gbs, f, t, result.gpus, peak)
+            result.mfu_convention = convention
+    elif result.log_tflops_per_gpu is not None:
+        result.tflops_per_gpu = result.log_tflops_per_gpu
+        result.tflops_source = "log"
+        if peak:
+            result.mfu_pct = 100 * result.tflops_per_gpu / peak
+            result.mfu_convention = "log's own FLOPs"
+    if result.mfu_pct is not None and source == "measured GEMM":
+        result.notes.append(f"MFU against the measured GEMM peak of {peak:.3g} TFLOPS "
+                            "(no published peak for this device)")
+
+
+def reference_mfu_pct(ref: references.Reference, convention: str) -> float | None:
+    """A reference's MFU recomputed under a FLOPs convention (the seed's own figure is in
+    the published one), so both sides of a comparison count FLOPs the same way."""
+    try:
+        row = recipes.find_row(ref.workload, ref.size, ref.dtype, ref.gpus, ref.gpu_type)
+        spec = models.get_model(ref.workload, ref.size)
+    except LookupError:
+        return None
+    if not spec.is_hybrid:
+        spec = spec.with_layers(row.layers)
+    peak = hardware.GPUS[ref.gpu_type].peak(ref.dtype)
+    f = fl.flops_per_sequence(spec, row.seq_len, convention)
+    return 100 * metrics.mfu(row.gbs, f, ref.step_time_s, ref.gpus, peak)
+
+
+def speed_verdict(time_ratio: float, tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> str:
+    """time_ratio = our time per token / the reference's (1.10 = 10% slower)."""
+    if abs(time_ratio - 1) * 100 <= tolerance_pct:
+        return f"within {tolerance_pct:g}%"
+    if time_ratio > 1:
+        return f"{(time_ratio - 1) * 100:.0f}% slower"
+    return f"{(1 - time_ratio) * 100:.0f}% faster"
+
+
+def _compare(result: ExperimentResult, spec, convention: str, tolerance_pct: float) -> None:
+    ref = None
+    if result.workload and result.size and result.dtype and result.gpus and result.gpu_type:
+        ref = references.find_reference(result.workload, result.size, result.dtype,
+                                        result.gpus, result.gpu_type)
+    if ref is not None:
+        result.ref_step_time_s = ref.step_time_s
+        result.ref_tokens_per_s = ref.tokens_per_s
+        result.ref_mfu_pct = reference_mfu_pct(ref, convention)
+        if result.step_time_mean_s:
+            result.pct_of_ref_step_time = 100 * result.step_time_mean_s / ref.step_time_s
+        if result.tokens_per_s:
+            result.pct_of_ref_tokens_per_s = 100 * result.tokens_per_s / ref.tokens_per_s
+    if result.status == FAILED:
+        result.verdict = "failed"
+    elif result.status == INVALID:
+        result.verdict = "invalid"
+    elif not result.comparable:
+        result.verdict = "not comparable (profiled)"
+    elif ref is None:
+        result.verdict = "no reference"
+    elif result.step_time_mean_s is None:
+        result.verdict = "no data in window"
+    else:
+        # Throughput decides where the log gives a batch size; with the recipe's batch it
+        # is the same as comparing step times.
+        if result.pct_of_ref_tokens_per_s:
+            ratio = 100 / result.pct_of_ref_tokens_per_s
+        else:
+            ratio = result.pct_of_ref_step_time / 100
+        result.verdict = speed_verdict(ratio, tolerance_pct)
+        if result.status == INCOMPLETE:
+            result.verdict += " (incomplete run)"
+
+
+def summarize_paths(paths: list[str | Path], **options) -> list[ExperimentResult]:
+    """summarize_experiment over every experiment found under paths (see
+    find_experiments); a log file not named log-* is kept only if it has step lines."""
+    results = []
+    for path, certain in find_experiments(paths):
+        scan = None
+        if not certain:
+            scan = scan_log(path)
+            if not scan.records:
+                continue  # a batch script's output, not a training log
+        results.append(summarize_experiment(path, scan=scan, **options))
+    return results

@@ -1,0 +1,278 @@
+"""Parsers of results/parse.py on real-looking logs of each framework: noise between the
+step lines, truncated last lines, several run lengths, files read in tiny chunks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from trainbench.engine.log import StepMetrics, format_step_line
+from trainbench.results.parse import (
+    find_last_error, parse_maxtext_line, parse_megatron_line, parse_nemo1_segment,
+    parse_nemo2_line, read_metrics_jsonl, scan_log,
+)
+
+LOGS = Path(__file__).parent / "data" / "logs"
+NEMO2_8B = next(LOGS.glob("nemo2/experiments/pretrain_llama3.1_8b_bf16_8/*/*/log-*.out"))
+NEMO2_FAILED = next(LOGS.glob("nemo2/experiments/pretrain_llama3.1_70b_bf16_64/*/*/log-*.out"))
+NEMOTRONH = next(LOGS.glob("nemo2/experiments/pretrain_nemotronh_*/*/log-*.out"))
+NEMO1 = next(LOGS.glob("nemo1/**/log-*.out"))
+MAXTEXT = next(LOGS.glob("maxtext/**/log-maxtext-*.out"))
+MEGATRON = LOGS / "megatron" / "megatron-bridge-llama3-8b.log"
+
+NCCL = ("node003:4242:4290 [5] NCCL INFO AllReduce: opCount 1f sendbuff 0x7ffb4713c200 "
+        "recvbuff 0x7ffb4713c200 count 1 datatype 1 op 0 root 0 comm 0x55556b100660 "
+        "[nranks=128] stream 0x5555630c58b0")
+
+
+def nemo2_lines(n: int, times: list[float] | None = None) -> list[str]:
+    times = times or [2.0 + 0.01 * i for i in range(n)]
+    return [f"Training epoch 0, iteration {i}/{n - 1} | lr: 1e-05 | global_batch_size: 64 | "
+            f"global_step: {i} | peak_memory_usage: 1000 | memory_allocated: 500 | "
+            f"reduced_train_loss: {10 - i * 0.01:.3f} | train_step_timing in s: {times[i]} | "
+            f"consumed_samples: {64 * (i + 1)}" for i in range(n)]
+
+
+def with_noise(lines: list[str]) -> list[str]:
+    out = ["[NeMo W 2025-04-11 14:30:02 nemo_logging:405] some warning", NCCL]
+    for line in lines:
+        out += [line, NCCL, NCCL]
+    return out
+
+
+def write(path: Path, lines: list[str], end: str = "\n") -> Path:
+    path.write_text("\n".join(lines) + end)
+    return path
+
+
+# --- one line per parser ------------------------------------------------------------------
+
+def test_nemo2_line_of_the_seed():
+    rec = parse_nemo2_line(
+        "Training epoch 0, iteration 49/49 | lr: 7.496e-06 | global_batch_size: 128 | "
+        "global_step: 49 | peak_memory_usage: 70833405952 | memory_allocated: 44271689728 | "
+        "reduced_train_loss: 11.96 | train_step_timing in s: 12.39 | consumed_samples: 6400")
+    assert (rec.iteration, rec.total_iterations) == (49, 50)
+    assert rec.step_time_s == 12.39 and rec.loss == 11.96
+    assert rec.peak_memory_bytes == 70833405952 and rec.memory_allocated_bytes == 44271689728
+    assert rec.global_batch_size == 128 and rec.consumed_samples == 6400
+    assert rec.tflops_per_gpu is None and rec.grad_norm is None
+
+
+def test_trainbench_line_is_read_by_the_nemo2_parser():
+    m = StepMetrics(iteration=7, total_iterations=20, lr=3e-4, global_batch_size=8, loss=5.25,
+                    grad_norm=1.5, step_time_s=0.125, tflops_per_gpu=0.5, tokens_per_s=8192.0,
+                    peak_memory_bytes=123456, memory_allocated_bytes=65432, consumed_samples=64,
+                    time=1.0)
+    rec = parse_nemo2_line(format_step_line(m))
+    assert (rec.iteration, rec.total_iterations) == (7, 20)
+    assert rec.step_time_s == pytest.approx(0.125, abs=1e-4)
+    assert rec.grad_norm == pytest.approx(1.5) and rec.tflops_per_gpu == pytest.approx(0.5)
+    assert rec.loss == pytest.approx(5.25)
+
+
+def test_nemo1_segment():
+    rec = parse_nemo1_segment(
+        "Epoch 0: : 100%|██████████| 100/100 [07:57<00:00, reduced_train_loss=7.310, "
+        "global_step=99.00, consumed_samples=25600.0, train_step_timing in s=3.590]")
+    assert (rec.iteration, rec.total_iterations) == (99, 100)
+    assert rec.step_time_s == 3.59 and rec.loss == 7.31 and rec.consumed_samples == 25600
+
+
+def test_megatron_line_is_one_based():
+    rec = parse_megatron_line(
+        " [2025-01-01 00:00:00] iteration       12/      50 | consumed samples:         1536 | "
+        "elapsed time per iteration (ms): 20289.1 | throughput per GPU (TFLOP/s/GPU): 420.5 | "
+        "learning rate: 1.5E-04 | global batch size:   128 | lm loss: 1.043E+01 | "
+        "loss scale: 1.0 | grad norm: 5.123 | number of skipped iterations:   0 |")
+    assert (rec.iteration, rec.total_iterations) == (11, 50)
+    assert rec.step_time_s == pytest.approx(20.2891)
+    assert rec.tflops_per_gpu == 420.5 and rec.loss == pytest.approx(10.43)
+    assert rec.grad_norm == 5.123 and rec.global_batch_size == 128
+    assert rec.consumed_samples == 1536
+
+
+def test_maxtext_line():
+    rec = parse_maxtext_line("completed step: 49, seconds: 7.908, TFLOP/s/device: 460.480, "
+                             "Tokens/s/device: 1035.970, total_weights: 524288, loss: 0.000")
+    assert rec.iteration == 49 and rec.total_iterations is None
+    assert rec.step_time_s == 7.908 and rec.tflops_per_gpu == 460.48 and rec.loss == 0.0
+
+
+def test_nan_values_are_read_as_nan():
+    rec = parse_megatron_line("iteration 3/50 | elapsed time per iteration (ms): 1000.0 | "
+                              "lm loss: nan | grad norm: inf |")
+    assert math.isnan(rec.loss) and math.isinf(rec.grad_norm)
+    assert rec.nonfinite_field() == "loss"
+
+
+# --- whole files: the fixtures -------------------------------------------------------------
+
+def test_nemo2_fixture():
+    scan = scan_log(NEMO2_8B)
+    assert scan.format == "nemo2"
+    assert [r.iteration for r in scan.records] == list(range(50))
+    assert scan.total_iterations == 50
+    assert scan.records[0].step_time_s == 48.2  # the slow first step as written
+    assert all(r.global_batch_size == 128 for r in scan.records)
+    assert scan.records[-1].consumed_samples == 6400
+
+
+def test_nemo2_fixture_with_tflops_and_max_memory_names():
+    scan = scan_log(NEMOTRONH)
+    assert scan.format == "nemo2"
+    assert [r.iteration for r in scan.records] == list(range(38))
+    assert scan.total_iterations == 50
+    assert all(r.tflops_per_gpu is not None for r in scan.records)
+    assert scan.records[5].peak_memory_bytes == 76001337344  # max_memory_reserved
+    assert scan.records[5].memory_allocated_bytes == 51234567890  # max_memory_allocated
+
+
+def test_nemo1_fixture_progress_bar_with_carriage_returns():
+    raw = NEMO1.read_bytes()
+    assert raw.count(b"\r") > 90  # the bar really is redrawn on shared lines
+    scan = scan_log(NEMO1)
+    assert scan.format == "nemo1"
+    assert [r.iteration for r in scan.records] == list(range(100))
+    assert scan.total_iterations == 100
+    assert scan.records[0].step_time_s == 60.0
+    assert scan.records[-1].consumed_samples == 3200
+
+
+def test_maxtext_fixture_takes_run_length_and_batch_from_config():
+    scan = scan_log(MAXTEXT)
+    assert scan.format == "maxtext"
+    assert [r.iteration for r in scan.records] == list(range(50))
+    assert scan.config["steps"] == "50" and scan.total_iterations == 50
+    assert scan.config["global_batch_size_to_train_on"] == "128"
+    assert scan.records[0].step_time_s == 60.0
+
+
+def test_megatron_bridge_fixture_matches_tflops_lines_to_iterations():
+    scan = scan_log(MEGATRON)
+    assert scan.format == "megatron"
+    assert [r.iteration for r in scan.records] == list(range(20))
+    assert scan.total_iterations == 20
+    for rec in scan.records:
+        # The Step Time line before each iteration line carries 128*4.74e14/t/8 TFLOPS.
+        expected = 128 * 4.74e14 / rec.step_time_s / 8 / 1e12
+        assert rec.tflops_per_gpu == pytest.approx(expected, rel=2e-3)
+    assert scan.peak_memory_bytes == int(71234.0 * 2**20)  # `max reserved` of memory (MB)
+    assert scan.records[3].grad_norm == pytest.approx(0.054)
+
+
+@pytest.mark.parametrize("path", [NEMO2_8B, NEMOTRONH, NEMO1, MAXTEXT, MEGATRON],
+                         ids=lambda p: p.parent.name)
+def test_tiny_chunks_give_the_same_records(path):
+    """Chunk edges falling inside lines, markers and \\r segments change nothing."""
+    whole = scan_log(path)
+    for chunk in (7, 64, 1000):
+        small = scan_log(path, chunk_size=chunk)
+        assert small.format == whole.format
+        assert [r.to_dict() for r in small.records] == [r.to_dict() for r in whole.records]
+
+
+# --- lengths, noise, truncation --------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [20, 100])
+def test_nemo2_other_run_lengths_among_noise(tmp_path, n):
+    scan = scan_log(write(tmp_path / "log-x.out", with_noise(nemo2_lines(n))))
+    assert len(scan.records) == n and scan.total_iterations == n
+    assert scan.records[-1].step_time_s == pytest.approx(2.0 + 0.01 * (n - 1))
+
+
+def test_truncated_number_at_the_end_is_not_read(tmp_path):
+    lines = nemo2_lines(20)
+    cut = lines[-1].index("train_step_timing in s: ") + len("train_step_timing in s: 2.")
+    path = write(tmp_path / "log-x.out", with_noise(lines[:-1]) + [lines[-1][:cut]], end="")
+    scan = scan_log(path)
+    assert scan.truncated_last_line
+    assert [r.iteration for r in scan.records] == list(range(19))  # '2.' is not 2.0
+
+
+def test_truncated_line_keeps_its_complete_fields(tmp_path):
+    lines = nemo2_lines(20)
+    cut = lines[-1].index("consumed_samples") + 5
+    scan = scan_log(write(tmp_path / "log-x.out", lines[:-1] + [lines[-1][:cut]], end=""))
+    last = scan.records[-1]
+    assert last.iteration == 19 and last.step_time_s == pytest.approx(2.19)
+    assert last.consumed_samples is None
+
+
+def test_noise_only_file_has_no_format(tmp_path):
+    scan = scan_log(write(tmp_path / "x.log", [NCCL] * 100))
+    assert scan.format is None and scan.records == []
+
+
+def test_nemo1_redraws_of_one_step_count_once_and_truncated_segment_is_dropped(tmp_path):
+    seg = ("Epoch 0: : {p}%|#| {d}/20 [00:01<00:10, reduced_train_loss=9.000, global_step={i}.00, "
+           "consumed_samples={c}.0, train_step_timing in s={t}]")
+    segs = []
+    for i in range(20):
+        for _ in range(2):  # tqdm redraws the same step
+            segs.append(seg.format(p=5 * (i + 1), d=i + 1, i=i, c=8 * (i + 1), t=1.5))
+    text = "\r".join(segs) + "\r" + segs[0][:60]  # killed mid-redraw
+    path = tmp_path / "log-n1.out"
+    path.write_text(NCCL + "\n" + text)
+    scan = scan_log(path)
+    assert [r.iteration for r in scan.records] == list(range(20))
+    assert scan.total_iterations == 20
+
+
+def test_megatron_tflops_line_after_the_iteration_line(tmp_path):
+    lines = []
+    for it in range(1, 11):
+        lines.append(f"iteration {it:5d}/{10:5d} | elapsed time per iteration (ms): 2000.0 | "
+                     f"lm loss: 5.0 | grad norm: 1.0 |")
+        lines.append(f"Step Time : 2.00s GPU utilization: {300 + it}.0MODEL_TFLOP/s/GPU")
+    scan = scan_log(write(tmp_path / "mlm.log", with_noise(lines)))
+    assert [r.tflops_per_gpu for r in scan.records] == [300.0 + it for it in range(1, 11)]
+
+
+def test_megatron_second_line_per_iteration_adds_tflops(tmp_path):
+    lines = []
+    for it in range(1, 6):
+        lines.append(f" iteration {it}/ 5 | elapsed time per iteration (ms): {1000 + it} |")
+        lines.append(f" iteration {it}/ 5 | throughput {500 + it} TFLOP/s/GPU")
+    scan = scan_log(write(tmp_path / "mb.log", lines))
+    assert [r.step_time_s for r in scan.records] == pytest.approx([1.001 + i / 1000 for i in range(5)])
+    assert [r.tflops_per_gpu for r in scan.records] == [501.0, 502.0, 503.0, 504.0, 505.0]
+
+
+def test_metrics_jsonl_with_nan_and_truncated_last_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = []
+    for i in range(5):
+        rows.append(StepMetrics(iteration=i, total_iterations=5, lr=1e-3, global_batch_size=8,
+                                loss=float("nan") if i == 3 else 4.0, grad_norm=1.0,
+                                step_time_s=0.5, tflops_per_gpu=0.1, tokens_per_s=2048.0,
+                                peak_memory_bytes=10, memory_allocated_bytes=5,
+                                consumed_samples=8 * (i + 1), time=float(i)).to_json())
+    path.write_text("\n".join(rows[:4]) + "\n" + rows[4][:30])
+    scan = read_metrics_jsonl(path)
+    assert scan.format == "trainbench" and scan.truncated_last_line
+    assert [r.iteration for r in scan.records] == [0, 1, 2, 3]
+    assert math.isnan(scan.records[3].loss) and scan.records[3].nonfinite_field() == "loss"
+    assert scan.total_iterations == 5
+
+
+# --- the last error line --------------------------------------------------------------------
+
+def test_last_error_of_the_failed_fixture():
+    assert find_last_error(NEMO2_FAILED) == "srun: error: node007: task 3: Exited with exit code 1"
+
+
+def test_exception_line_preferred_over_traceback_header(tmp_path):
+    lines = [NCCL] * 50 + ["Traceback (most recent call last):", '  File "x.py", line 1',
+                           "RuntimeError: CUDA error: an illegal memory access was encountered",
+                           "Traceback (most recent call last):", NCCL]
+    path = write(tmp_path / "log-x.out", lines)
+    expected = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert find_last_error(path) == expected
+    assert find_last_error(path, chunk_size=50) == expected  # read backwards in small blocks
+
+
+def test_no_error_line(tmp_path):
+    assert find_last_error(write(tmp_path / "x.log", [NCCL] * 10)) is None
