@@ -180,11 +180,23 @@ def parse_elapsed(text: str) -> float | None:
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
+class SlurmUnreachable(Exception):
+    """squeue is missing or cannot reach slurmctld: states cannot be refreshed here."""
+
+
 def squeue_state(job_id: str) -> str | None:
-    """The raw state while Slurm still lists the job, else None."""
+    """The raw state while Slurm still lists the job, else None.
+
+    SlurmUnreachable when squeue is missing or fails for another reason than a job id
+    Slurm has already forgotten.
+    """
     proc = _run(["squeue", "-h", f"--jobs={job_id}", "-o", "%T"])
-    if proc is None or proc.returncode != 0:
-        return None
+    if proc is None:
+        raise SlurmUnreachable("squeue is not available on this machine")
+    if proc.returncode != 0:
+        if "invalid job id" in proc.stderr.lower():
+            return None
+        raise SlurmUnreachable(" ".join(proc.stderr.split()) or "squeue failed")
     lines = proc.stdout.split()
     return lines[0] if lines else None
 
@@ -276,8 +288,19 @@ def exit_record(exp_dir: str | Path) -> dict | None:
 
 
 def slurm_status(job_id: str, exp_dir: str, jobcomp: Path | None) -> dict:
-    """The freshest facts about one Slurm job: state, slurm_state, exit_code, elapsed_s."""
-    raw = squeue_state(job_id)
+    """The freshest facts about one Slurm job: state, slurm_state, exit_code, elapsed_s.
+
+    Where Slurm cannot be asked (no squeue here, slurmctld down), only the job's own
+    exit.json can settle it; otherwise the state is left as it was, with a note.
+    """
+    try:
+        raw = squeue_state(job_id)
+    except SlurmUnreachable as err:
+        own = exit_record(exp_dir)
+        if own is not None:
+            return {"state": "COMPLETED" if own["exit_code"] == 0 else "FAILED",
+                    "exit_code": own["exit_code"], "elapsed_s": own.get("elapsed_s")}
+        return {"note": f"state not refreshed: {err}"}
     if raw and normalise_state(raw) in ACTIVE:
         return {"state": normalise_state(raw), "slurm_state": raw}
     for source in (lambda: sacct_record(job_id), lambda: jobcomp_record(job_id, jobcomp),
@@ -345,7 +368,10 @@ def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
                 jobcomp, jobcomp_checked = jobcomp_location(), True
             status = slurm_status(job["job_id"], job["exp_dir"], jobcomp)
             fields.update({k: v for k, v in status.items() if v is not None or k == "note"})
-        elif job["executor"] != "slurm" and job["state"] not in FINAL:
+        elif job["executor"] != "slurm" and (job["state"] not in FINAL
+                                             or job["elapsed_s"] is None):
+            # Local runs are recorded by their launcher; exit.json completes the record
+            # (and settles a run whose launcher died before it could).
             own = exit_record(job["exp_dir"])
             if own is not None:
                 fields.update(state="COMPLETED" if own["exit_code"] == 0 else "FAILED",

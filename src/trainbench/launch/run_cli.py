@@ -50,6 +50,20 @@ def detect_gpu_type() -> tuple[str, str]:
     return (gpu.key if gpu else ""), names[0]
 
 
+def parse_ranks(text: str, scale: int) -> tuple[int, ...]:
+    """'0,1' -> (0, 1); 'all' -> every rank; ValueError with the fix otherwise."""
+    if text.strip().lower() == "all":
+        return tuple(range(scale))
+    try:
+        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise ValueError(f"--profile-ranks {text!r}: use rank numbers like 0,1 or 'all'") from None
+    bad = [r for r in ranks if not 0 <= r < scale]
+    if not ranks or bad:
+        raise ValueError(f"--profile-ranks {text!r}: ranks must be in 0-{scale - 1}")
+    return ranks
+
+
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -77,6 +91,7 @@ def register(app: typer.Typer) -> None:
         executor: str = typer.Option("local", "--executor", help="local or slurm."),
         profile: str = typer.Option("", "--profile", help="'torch' or 'nsys' to profile steps."),
         profile_steps: Optional[str] = typer.Option(None, "--profile-steps", help="A-B, e.g. 20-25."),
+        profile_ranks: str = typer.Option("0", "--profile-ranks", help="Ranks to profile: 0,1 or all."),
         nccl_trace: bool = typer.Option(False, "--nccl-trace", envvar="ENABLE_NCCLTRACE",
                                         help="Trace collectives over the first 5 steps."),
         checkpoint: bool = typer.Option(False, "--checkpoint", envvar="ENABLE_CHECKPOINT",
@@ -118,13 +133,44 @@ def register(app: typer.Typer) -> None:
             stop = int(os.environ.get("PROFILE_STOP_STEP", stop))
         if steps is None:
             steps = 1 if load_checkpoint else 5 if nccl_trace else max(25, stop + 1) if profile else 50
+        from ..config import load_config
+        from .slurm import check_env, cluster_env
         try:
             env_vars = parse_env(env)
             overrides = parse_overrides(settings)
+            cluster = load_config()
         except (ValueError, PlanError) as err:
             fail(str(err).splitlines()[0])
-        if load_checkpoint and not Path(load_checkpoint).is_dir():
-            fail(f"--load-checkpoint {load_checkpoint}: no such directory")
+        # Secrets never enter plan.json or a job script, whatever the executor: the
+        # ranks inherit them from this shell instead.
+        for problem in check_env(list(env_vars.items()), "--env"):
+            fail(problem)
+        if executor == "local":
+            env_vars = {**dict(cluster_env(cluster)), **env_vars}
+        else:
+            gpu = gpu or cluster.get("gpu_type")
+            gpus_per_node = gpus_per_node or cluster.get("gpus_per_node")
+        loaded_step = 0
+        if load_checkpoint:
+            # Resolved here, before anything launches: a folder without a complete
+            # checkpoint is an error, never a silent fresh start.
+            from ..engine.checkpoint_dirs import CheckpointError, resolve
+            try:
+                found, skipped = resolve(load_checkpoint)
+            except CheckpointError as err:
+                fail(str(err))
+            for partial in skipped:
+                typer.echo(f"trainbench: note: ignoring interrupted checkpoint save {partial}",
+                           err=True)
+            load_checkpoint, loaded_step = str(found.path.resolve()), found.step
+            if profile and not (loaded_step <= start and stop < loaded_step + steps):
+                fail(f"--profile-steps {start}-{stop} lies outside this run's iterations "
+                     f"{loaded_step}-{loaded_step + steps - 1} (it resumes at {loaded_step}); "
+                     "profile steps in that range or pass more --steps")
+        try:
+            ranks_to_profile = parse_ranks(profile_ranks, scale)
+        except ValueError as err:
+            fail(str(err))
         gpu_type = gpu
         if gpu_type is None:
             gpu_type, device_name = detect_gpu_type()
@@ -133,9 +179,10 @@ def register(app: typer.Typer) -> None:
                      "--peak-tflops and --gpu NAME")
             gpu_type = gpu_type or re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
         features = Features(profile=profile, profile_start=start, profile_stop=stop,
+                            profile_ranks=ranks_to_profile,
                             nccl_trace=nccl_trace, checkpoint=checkpoint,
                             checkpoint_interval=checkpoint_interval,
-                            load_checkpoint=str(Path(load_checkpoint).resolve()) if load_checkpoint else "")
+                            load_checkpoint=load_checkpoint or "")
         try:
             plan = build_plan(workload, size, dtype, scale, gpu_type, overrides=overrides,
                               steps=steps, features=features, peak_tflops=peak_tflops,
@@ -144,35 +191,36 @@ def register(app: typer.Typer) -> None:
             for problem in err.problems:
                 typer.echo(f"trainbench: error: {problem}", err=True)
             raise typer.Exit(2)
+        if profile == "nsys" and executor == "local" and not shutil.which("nsys"):
+            fail("--profile nsys: nsys (Nsight Systems) is not on PATH; install it or use "
+                 "--profile torch")
 
         out = console()
         print_plan(out, plan)
         warn_if_predicted_not_to_fit(out, plan)
         if root is None:
-            from ..config import load_config
-            try:
-                configured = load_config().get("experiments_root")
-            except ValueError as err:
-                fail(str(err))
-            root = Path(configured) if configured else default_root()
+            from .jobs import experiments_root
+            root = experiments_root(cluster)
         if executor == "slurm":
-            from .slurm import SlurmOptions, launch_on_slurm
-            from ..config import load_config
+            from .slurm import SlurmError, SlurmOptions, launch_on_slurm, submit_plan
             opts = SlurmOptions(account=account, partition=partition, time_limit=time_limit,
                                 nodelist=nodelist, exclude=exclude, reservation=reservation,
                                 exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))
-            exp_dir = Path(root) / "experiments" / plan.name / f"{plan.name}_DRYRUN" if dry_run \
-                else new_experiment_dir(root, plan.name)
-            from dataclasses import replace
-            plan = replace(plan, out_dir=str(exp_dir))
-            if not dry_run:
-                (exp_dir / PLAN_FILE).write_text(plan.to_json())
             try:
-                job_id = launch_on_slurm(plan, exp_dir, opts, load_config(), dry_run)
+                if dry_run:
+                    print_rank_layout(out, plan)
+                    launch_on_slurm(plan, Path(root) / "experiments" / plan.name / "DRY-RUN",
+                                    opts, cluster, dry_run=True)
+                    out.print("dry run: nothing submitted")
+                    return
+                exp_dir, job_id = submit_plan(plan, Path(root), opts, cluster)
+            except SlurmError as err:
+                for problem in err.problems:
+                    typer.echo(f"trainbench: error: {problem}", err=True)
+                raise typer.Exit(2)
             except ValueError as err:
                 fail(str(err))
-            if job_id:
-                out.print(f"submitted Slurm job {job_id}; experiment directory {exp_dir}")
+            out.print(f"submitted Slurm job {job_id}; experiment directory {exp_dir}")
             return
         if dry_run:
             print_rank_layout(out, plan)
@@ -250,15 +298,19 @@ def print_summary(out, exp_dir: Path) -> None:
     """The run's window statistics and metrics, next to the reference where one exists."""
     from rich.table import Table
 
+    from rich.markup import escape
+
     from ..results import summarize_experiment
     r = summarize_experiment(exp_dir)
-    table = Table(title=f"{r.name}: {r.status}" + (f" ({r.status_detail})" if r.status_detail
-                                                    else ""), show_header=False)
+    # Log text (error lines quote paths like "[/src/...]") is never read as rich markup.
+    table = Table(title=escape(f"{r.name}: {r.status}" + (f" ({r.status_detail})"
+                                                           if r.status_detail else "")),
+                  show_header=False)
     table.add_column("metric")
     table.add_column("value")
 
     def row(label: str, value, fmt: str = "{}") -> None:
-        table.add_row(label, "-" if value is None else fmt.format(value))
+        table.add_row(escape(label), "-" if value is None else escape(fmt.format(value)))
 
     row("layout", r.layout)
     if r.window_start is not None:

@@ -90,13 +90,19 @@ _OWN_OPTIONS = {
     "--exclude": "--exclude", "--reservation": "--reservation",
 }
 
-# Environment names that hold credentials. Matched on whole underscore-separated words
-# so NCCL_IB_HCA or MONKEY are not caught but HF_TOKEN and WANDB_API_KEY are.
+# Environment names that hold credentials, matched on whole underscore-separated words:
+# HF_TOKEN, WANDB_API_KEY, AWS_SECRET_ACCESS_KEY and DB_PASSWORD are caught; MONKEY,
+# TOKENIZERS_PARALLELISM and HF_TOKEN_PATH (a path, not the token) are not.
 _SECRET_KEY = re.compile(
-    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASS|KEY|APIKEY|CREDENTIAL|CREDENTIALS)(_|$)",
+    r"(^|_)(TOKEN|KEY|APIKEY|PASS|PASSWD|PASSWORD|SECRET|CREDENTIALS?)$"
+    r"|(^|_)(SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)",
     re.IGNORECASE)
 _SECRET_VALUE = re.compile(r"hf_[A-Za-z0-9]{30,}")  # a Hugging Face access token
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Names that would change how the job script itself runs: its own variables (TB_*),
+# Slurm's, and the shell's. Values are literal, so PATH='/x:$PATH' could only break it.
+_RESERVED_KEY = re.compile(r"TB_.*|SLURM_.*|SRUN_.*|SBATCH_.*|BASH_.*|PATH|IFS|ENV|CDPATH|"
+                           r"SHELLOPTS|BASHOPTS|PS4")
 
 
 def is_secret_key(key: str) -> bool:
@@ -110,6 +116,10 @@ def check_env(pairs, source: str) -> list[str]:
         if not isinstance(key, str) or not ENV_KEY.fullmatch(key):
             problems.append(f"{source}: {key!r} is not a valid variable name "
                             "(letters, digits and _, not starting with a digit)")
+            continue
+        if _RESERVED_KEY.fullmatch(key):
+            problems.append(f"{source}: {key} is used by the job script or Slurm itself "
+                            "and cannot be set for the job")
             continue
         if is_secret_key(key):
             problems.append(
@@ -252,6 +262,18 @@ def job_environment(plan, cluster: dict) -> list[tuple[str, str]]:
     return list(env.items())
 
 
+def _engine_lines(plan, exp: str) -> list[str]:
+    """What torchrun starts per rank: the engine, under Nsight Systems when profiling with
+    nsys (the same flags as the local executor; one report per rank in profile/)."""
+    if plan.features.profile != "nsys":
+        return [f'    -m trainbench.engine "$TB_EXP_DIR/{PLAN_FILE}"']
+    from .local import nsys_prefix
+    nsys = shlex.join(nsys_prefix(Path(exp)))
+    return ["    --no-python \\",
+            f"    {nsys} \\",
+            f'    "$TB_PYTHON" -m trainbench.engine "$TB_EXP_DIR/{PLAN_FILE}"']
+
+
 def render_sbatch(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict) -> str:
     """The job script for `plan` in `exp_dir`; SlurmError when any input is invalid."""
     opts = check_options(plan, opts, cluster)
@@ -291,17 +313,18 @@ def render_sbatch(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict) -> str
         "#!/bin/bash",
         f"# trainbench job: {plan.name}, {plan.gpus} ranks on {plan.num_nodes} node(s), "
         f"{ranks_per_node(plan)} per node.",
-        "# Rendered by `trainbench run --executor slurm`; to resubmit, run `sbatch "
-        f"{script_name(plan.name)}` from this directory.",
+        "# Rendered by trainbench. To resubmit, from this directory:",
+        f"#   sbatch {script_name(plan.name)}",
         *(f"#SBATCH {d}" for d in directives),
         "",
         "# No `set -e`: the exit record at the end must be written whatever happens.",
         "set -uo pipefail",
-        f"EXP_DIR={q(exp)}",
-        f"PYTHON={q(python)}",
-        f"NPROC_PER_NODE={ranks_per_node(plan)}",
-        'cd -- "$EXP_DIR" || exit 1',
-        "START_TIME=$(date +%s)",
+        f"TB_EXP_DIR={q(exp)}",
+        f"TB_PYTHON={q(python)}",
+        f"TB_NPROC_PER_NODE={ranks_per_node(plan)}",
+        'cd -- "$TB_EXP_DIR" || exit 1',
+        *(['mkdir -p -- "$TB_EXP_DIR/profile"'] if plan.features.profile == "nsys" else []),
+        "TB_START=$(date +%s)",
         "",
         "# Job environment from --env and the cluster config. Secrets are not written",
         "# here: they come from the submitting shell (sbatch --export=ALL, the default).",
@@ -311,29 +334,29 @@ def render_sbatch(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict) -> str
         "",
         "# The rendezvous runs on the first node of the allocation; a port derived from",
         "# the job id keeps jobs that share a node apart.",
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        'TB_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "TB_RDZV_PORT=$((20000 + SLURM_JOB_ID % 20000))",
         "",
         "# One torchrun agent per node (one Slurm task per node), one rank per GPU.",
-        'srun --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run \\',
-        '    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node="$NPROC_PER_NODE" \\',
-        '    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" '
+        'srun --kill-on-bad-exit=1 "$TB_PYTHON" -m torch.distributed.run \\',
+        '    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node="$TB_NPROC_PER_NODE" \\',
+        '    --rdzv-backend=c10d --rdzv-endpoint="$TB_RDZV_HOST:$TB_RDZV_PORT" '
         '--rdzv-id="$SLURM_JOB_ID" \\',
         '    --max-restarts=0 \\',
-        f'    -m trainbench.engine "$EXP_DIR/{PLAN_FILE}"',
-        "EXIT_CODE=$?",
+        *_engine_lines(plan, exp),
+        "TB_EXIT_CODE=$?",
         "",
         "# The job's own exit record: its state is known even where Slurm keeps no",
         "# accounting. Written to a temporary name first so a reader never sees half.",
-        "END_TIME=$(date +%s)",
-        'if [ "$EXIT_CODE" -eq 0 ]; then REASON=completed; '
-        'else REASON="exit code $EXIT_CODE"; fi',
+        "TB_END=$(date +%s)",
+        'if [ "$TB_EXIT_CODE" -eq 0 ]; then TB_REASON=completed; '
+        'else TB_REASON="exit code $TB_EXIT_CODE"; fi',
         "printf '{\"executor\": \"slurm\", \"job_id\": \"%s\", \"exit_code\": %d, "
         "\"reason\": \"%s\", \"elapsed_s\": %d, \"ended\": %d}\\n' \\",
-        '    "$SLURM_JOB_ID" "$EXIT_CODE" "$REASON" "$((END_TIME - START_TIME))" "$END_TIME" \\',
-        f'    > "$EXP_DIR/{EXIT_FILE}.part" && mv -f "$EXP_DIR/{EXIT_FILE}.part" '
-        f'"$EXP_DIR/{EXIT_FILE}"',
-        'exit "$EXIT_CODE"',
+        '    "$SLURM_JOB_ID" "$TB_EXIT_CODE" "$TB_REASON" "$((TB_END - TB_START))" "$TB_END" \\',
+        f'    > "$TB_EXP_DIR/{EXIT_FILE}.part" && mv -f "$TB_EXP_DIR/{EXIT_FILE}.part" '
+        f'"$TB_EXP_DIR/{EXIT_FILE}"',
+        'exit "$TB_EXIT_CODE"',
         "",
     ]
     return "\n".join(lines)
@@ -353,7 +376,9 @@ def submit(script_path: Path) -> str:
         raise SubmitError(f"sbatch did not answer in {SBATCH_TIMEOUT_S} s; is slurmctld up?") \
             from None
     if proc.returncode != 0:
-        message = " ".join(proc.stderr.split()) or f"exit code {proc.returncode}"
+        lines = [re.sub(r"^sbatch:\s*(error:\s*)?", "", ln.strip())
+                 for ln in proc.stderr.splitlines()]
+        message = "; ".join(ln for ln in lines if ln) or f"exit code {proc.returncode}"
         raise SubmitError(f"sbatch refused the job: {message}")
     # --parsable prints "jobid" or "jobid;cluster".
     job_id = proc.stdout.strip().split(";")[0]
@@ -412,3 +437,108 @@ def submit_plan(plan, root: Path, opts: SlurmOptions, cluster: dict) -> tuple[Pa
         shutil.rmtree(exp_dir, ignore_errors=True)
         raise
     return exp_dir, job_id
+
+
+# --- the cluster config's launcher keys -----------------------------------------------------
+
+CONFIG_KEYS = ("slurm", "experiments_root", "env", "gpu_type", "gpus_per_node")
+
+
+def parse_env_items(items: list[str], source: str = "--env") -> dict[str, str]:
+    """['K=V', ...] -> {K: V}; SlurmError listing malformed items, bad names and secrets."""
+    pairs, problems = [], []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            problems.append(f"{source} {item!r} is not KEY=VALUE")
+            continue
+        pairs.append((key, value))
+    problems += check_env(pairs, source)
+    if problems:
+        raise SlurmError(problems)
+    return dict(pairs)
+
+
+def check_cluster_config(data: dict) -> list[str]:
+    """Problems with the launcher's keys of a cluster config (empty when valid)."""
+    from ..catalog import hardware
+    problems: list[str] = []
+    try:
+        section = cluster_slurm(data)
+        env = cluster_env(data)
+    except SlurmError as err:
+        return err.problems
+    unknown = set(section) - {"account", "partition", "gres", "extra_args"}
+    if unknown:
+        problems.append(f"slurm: unknown keys {', '.join(sorted(unknown))}; "
+                        "known: account, partition, gres, extra_args")
+    _check_value(problems, "account", section.get("account"), _WORD, "myproj")
+    _check_value(problems, "partition", section.get("partition"), _WORD_LIST, "batch")
+    _check_value(problems, "gres", section.get("gres"), _GRES, "gpu:8")
+    extra = section.get("extra_args") or []
+    if not isinstance(extra, list):
+        problems.append("slurm.extra_args must be a list of --option=value strings")
+    else:
+        problems += [p for a in extra if (p := check_extra_arg(a)) is not None]
+    problems += check_env(env, "env")
+    gpu_type = data.get("gpu_type")
+    if gpu_type is not None and str(gpu_type).lower() not in (*hardware.GPUS, hardware.CPU):
+        problems.append(f"gpu_type {gpu_type!r} is unknown; use one of "
+                        f"{', '.join(hardware.GPUS)} or cpu")
+    per_node = data.get("gpus_per_node")
+    if per_node is not None and (not isinstance(per_node, int) or isinstance(per_node, bool)
+                                 or per_node < 1):
+        problems.append(f"gpus_per_node {per_node!r} must be a positive integer")
+    root = data.get("experiments_root")
+    if root is not None:
+        if not isinstance(root, str) or not os.path.isabs(root):
+            problems.append(f"experiments_root {root!r} must be an absolute path")
+        elif _CONTROL.search(root):
+            problems.append("experiments_root contains a newline or control character")
+    return problems
+
+
+def _query(cmd: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def detect_cluster() -> dict:
+    """Defaults for `trainbench init` from sinfo and sacctmgr, where they answer.
+
+    Keys (each only when found): partition (the default one, else the first), partitions,
+    gres, gpus_per_node, gpu_type, account, accounts.
+    """
+    from ..catalog import hardware
+    found: dict = {}
+    out = _query(["sinfo", "-h", "-o", "%P|%G"])
+    if out:
+        rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
+        names = [p.rstrip("*") for p, _ in rows]
+        if names:
+            found["partitions"] = list(dict.fromkeys(names))
+            default = next((p.rstrip("*") for p, _ in rows if p.endswith("*")), names[0])
+            found["partition"] = default
+            gres = next((g for p, g in rows if p.rstrip("*") == default), "")
+            m = re.search(r"gpu(?::([A-Za-z0-9_]+))?:(\d+)", gres)
+            if m:
+                kind, count = m.group(1), int(m.group(2))
+                found["gpus_per_node"] = count
+                found["gres"] = f"gpu:{count}"
+                if kind and kind.lower() in hardware.GPUS:
+                    found["gpu_type"] = kind.lower()
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or ""
+    if user and _WORD.fullmatch(user):
+        out = _query(["sacctmgr", "-n", "-P", "show", "association", f"user={user}",
+                      "format=Account"])
+        accounts = list(dict.fromkeys(a.strip() for a in (out or "").splitlines() if a.strip()))
+        if accounts:
+            found["accounts"] = accounts
+        out = _query(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"])
+        default = (out or "").strip().splitlines()[0].strip() if (out or "").strip() else ""
+        if default or accounts:
+            found["account"] = default or accounts[0]
+    return found

@@ -1,5 +1,428 @@
-"""Commands of this subsystem (not written yet)."""
+"""`trainbench init`, `trainbench bulk` and `trainbench jobs`: cluster configuration,
+sweeps and the job history. Heavy imports stay inside the command bodies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+# Square brackets are escaped for rich, which renders the help; the last paragraph is one
+# line because rich keeps the line breaks of a docstring.
+BULK_HELP = r"""Run a sweep from a YAML file: workloads x sizes x dtypes x scales x repeats.
+
+A sweep file:
+    executor: slurm            # or local; --executor wins
+    defaults: {gpu: h100, steps: 50, env: {NCCL_DEBUG: WARN}}
+    tasks:
+      - workload: pretrain_llama3.1
+        sizes: \[8b, 70b]
+        dtypes: \[bf16, fp8]
+        scales: \[64, 128]
+        repeats: 3
+        set: \[mbs=1]           # recipe overrides, as --set
+        env: {NCCL_ALGO: Ring}
+        slurm: {time_limit: "01:00:00", partition: batch}
+
+""" + ("Every run is planned and checked before anything starts. Local runs go one after "
+       "another through `trainbench run`; on Slurm each run is its own job.")
 
 
-def register(app) -> None:
-    """Add this subsystem's commands to the trainbench Typer app."""
+def _fail_problems(problems: list[str]) -> None:
+    for problem in problems:
+        typer.echo(f"trainbench: error: {problem}", err=True)
+    raise typer.Exit(2)
+
+
+def _load_cluster() -> dict:
+    from ..cli import fail
+    from ..config import load_config
+    try:
+        return load_config()
+    except ValueError as err:
+        fail(str(err))
+
+
+def _root(root: Optional[Path], cluster: dict) -> Path:
+    from .jobs import experiments_root
+    return root.expanduser().resolve() if root else experiments_root(cluster)
+
+
+# --- init -----------------------------------------------------------------------------------
+
+def _config_from_file(path: Path) -> dict:
+    """A YAML file in the cluster config's own shape, or flat (account:, partition:, ...)."""
+    import yaml
+
+    from ..cli import fail
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as err:
+        fail(f"cannot read {path}: {err.strerror}")
+    except yaml.YAMLError as err:
+        fail(f"{path} is not valid YAML: {str(err).splitlines()[0]}")
+    if not isinstance(data, dict):
+        fail(f"{path} must be a YAML mapping")
+    data = dict(data)
+    slurm = dict(data.pop("slurm", None) or {})
+    for key in ("account", "partition", "gres", "extra_args"):
+        if key in data:
+            slurm[key] = data.pop(key)
+    if "slurm_args" in data:
+        slurm["extra_args"] = data.pop("slurm_args")
+    from .slurm import CONFIG_KEYS
+    unknown = set(data) - set(CONFIG_KEYS)
+    if unknown:
+        fail(f"{path}: unknown keys {', '.join(sorted(unknown))}; known: account, partition, "
+             "gres, extra_args, gpu_type, gpus_per_node, experiments_root, env")
+    if slurm:
+        data["slurm"] = slurm
+    return data
+
+
+def _prompt_config(current: dict, detected: dict) -> dict:
+    """Ask for each key; Enter keeps the default shown (current config, else detected)."""
+    from .slurm import parse_env_items
+    slurm = dict(current.get("slurm") or {})
+
+    def ask(label: str, default, hint: str = ""):
+        shown = "" if default is None else str(default)
+        answer = typer.prompt(f"{label}{hint}", default=shown, show_default=True)
+        return answer.strip() or None
+
+    if detected.get("accounts"):
+        typer.echo(f"accounts (sacctmgr): {', '.join(detected['accounts'])}")
+    if detected.get("partitions"):
+        typer.echo(f"partitions (sinfo): {', '.join(detected['partitions'])}")
+    slurm["account"] = ask("Slurm account", slurm.get("account") or detected.get("account"),
+                           " (empty: none)")
+    slurm["partition"] = ask("GPU partition",
+                             slurm.get("partition") or detected.get("partition"))
+    gpu_type = ask("GPU type (h100, b200, ..., cpu)",
+                   current.get("gpu_type") or detected.get("gpu_type") or "h100")
+    per_node = ask("GPUs per node", current.get("gpus_per_node")
+                   or detected.get("gpus_per_node") or 8)
+    slurm["gres"] = ask("GRES per node", slurm.get("gres") or detected.get("gres"),
+                        " (e.g. gpu:8; empty: none)")
+    extra = ask("Extra sbatch arguments", " ".join(slurm.get("extra_args") or []) or None,
+                " (e.g. --qos=high; empty: none)")
+    root = ask("Experiments root", current.get("experiments_root") or str(Path.cwd()))
+    env_now = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (current.get("env") or {}).items())
+    env_line = ask("Job environment", env_now or None, " (K=V separated by spaces; empty: none)")
+    out = dict(current)
+    out["slurm"] = {k: v for k, v in slurm.items() if v}
+    if extra:
+        out["slurm"]["extra_args"] = extra.split()
+    out["gpu_type"] = gpu_type.lower() if gpu_type else None
+    try:
+        out["gpus_per_node"] = int(per_node) if per_node else None
+    except ValueError:
+        out["gpus_per_node"] = per_node  # reported by the validation that follows
+    out["experiments_root"] = root
+    out["env"] = parse_env_items(shlex.split(env_line), "environment") if env_line else {}
+    return out
+
+
+def init_command(
+    account: Optional[str] = typer.Option(None, "--account", help="Slurm account (-A)."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="GPU partition (-p)."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node."),
+    gpu_type: Optional[str] = typer.Option(None, "--gpu-type", help="h100, b200, ... or cpu."),
+    gres: Optional[str] = typer.Option(None, "--gres", help="GRES per node, e.g. gpu:8."),
+    experiments_root: Optional[Path] = typer.Option(
+        None, "--experiments-root", help="Where experiments/ and jobs.sqlite live."),
+    env: List[str] = typer.Option([], "--env", help="K=V for every job (repeatable)."),
+    slurm_args: List[str] = typer.Option([], "--slurm-arg",
+                                         help="Extra sbatch argument for every job (repeatable)."),
+    from_file: Optional[Path] = typer.Option(None, "--from", help="Read the settings from YAML."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not prompt; take detected defaults."),
+):
+    """Write the cluster config: Slurm account, partition, GPUs, job environment.
+
+    With no options on a terminal it asks, offering defaults read from sinfo and
+    sacctmgr; with options, --from FILE or --yes it asks nothing (for scripts and CI).
+    Secrets such as HF_TOKEN are refused: export them in your shell instead.
+    """
+    from ..cli import fail
+    from ..config import config_path, save_config
+    from .slurm import (CONFIG_KEYS, SlurmError, check_cluster_config, detect_cluster,
+                        parse_env_items)
+
+    current = _load_cluster()
+    given = any(v is not None for v in (account, partition, gpus_per_node, gpu_type, gres,
+                                        experiments_root)) or env or slurm_args
+    interactive = sys.stdin.isatty() and not (yes or given or from_file)
+    detected = detect_cluster()
+    if interactive:
+        try:
+            data = _prompt_config(current, detected)
+        except SlurmError as err:
+            _fail_problems(err.problems)
+    else:
+        data = dict(current)
+        slurm = dict(data.get("slurm") or {})
+        for key in ("account", "partition", "gres"):
+            if slurm.get(key) is None and detected.get(key):
+                slurm[key] = detected[key]
+        for key in ("gpu_type", "gpus_per_node"):
+            if data.get(key) is None and detected.get(key) is not None:
+                data[key] = detected[key]
+        data["slurm"] = slurm
+        if from_file is not None:
+            loaded = _config_from_file(from_file)
+            data["slurm"] = {**data["slurm"], **(loaded.pop("slurm", None) or {})}
+            data.update(loaded)
+        flags = {"account": account, "partition": partition, "gres": gres}
+        data["slurm"].update({k: v for k, v in flags.items() if v is not None})
+        if slurm_args:
+            data["slurm"]["extra_args"] = list(slurm_args)
+        if gpu_type is not None:
+            data["gpu_type"] = gpu_type.lower()
+        if gpus_per_node is not None:
+            data["gpus_per_node"] = gpus_per_node
+        if experiments_root is not None:
+            data["experiments_root"] = str(experiments_root)
+        if env:
+            try:
+                data["env"] = {**(data.get("env") or {}), **parse_env_items(env)}
+            except SlurmError as err:
+                _fail_problems(err.problems)
+    if data.get("experiments_root"):
+        root_dir = os.path.expanduser(str(data["experiments_root"]))
+        data["experiments_root"] = os.path.abspath(root_dir)
+    data["slurm"] = {k: v for k, v in (data.get("slurm") or {}).items() if v not in (None, "", [])}
+    data = {k: v for k, v in data.items() if not (k in CONFIG_KEYS and v in (None, {}, ""))}
+    problems = check_cluster_config(data)
+    if problems:
+        _fail_problems(problems)
+    path = save_config(data)
+    typer.echo(f"wrote {path}")
+    import yaml
+    mine = {k: data[k] for k in CONFIG_KEYS if k in data}
+    typer.echo(yaml.safe_dump(mine, sort_keys=True).rstrip())
+    if path != config_path():
+        typer.echo(f"note: $TRAINBENCH_CONFIG points elsewhere ({config_path()})")
+
+
+# --- bulk -----------------------------------------------------------------------------------
+
+def bulk_command(
+    file: Path = typer.Argument(..., help="The sweep, a YAML file."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Plan and list every run; launch none."),
+    executor: Optional[str] = typer.Option(
+        None, "--executor", help="local or slurm (default: the file's, else local)."),
+    root: Optional[Path] = typer.Option(None, "--root", envvar="TRAINBENCH_ROOT",
+                                        help="Where experiments/ lives (Slurm runs)."),
+):
+    from rich.table import Table
+
+    from ..cli import console, fail
+    from ..plan import PlanError
+    from . import bulk
+    from .slurm import SubmitError, render_sbatch
+
+    cluster = _load_cluster()
+    try:
+        data = bulk.load_sweep(file)
+    except PlanError as err:
+        _fail_problems(err.problems)
+    executor = executor or data.get("executor") or "local"
+    if executor not in bulk.EXECUTORS:
+        fail(f"unknown executor {executor!r}; use local or slurm")
+    local_gpu = None
+    if executor == "local":
+        from .run_cli import detect_gpu_type
+        local_gpu = detect_gpu_type()[0] or None
+    try:
+        tasks = bulk.expand(data, cluster, executor, local_gpu)
+        plans = bulk.validate(tasks, cluster, executor)
+    except PlanError as err:
+        _fail_problems(err.problems)
+
+    out = console()
+    table = Table(title=f"{file.name}: {len(tasks)} run(s) on {executor}")
+    for col in ("#", "workload", "size", "dtype", "ranks", "repeat", "layout", "nodes", "steps"):
+        table.add_column(col)
+    for task, plan in zip(tasks, plans):
+        table.add_row(str(task.index), task.workload, task.size, task.dtype, str(task.scale),
+                      str(task.repeat), plan.layout.describe(), str(plan.num_nodes),
+                      str(plan.steps))
+    out.print(table)
+    if dry_run:
+        if executor == "local":
+            for task in tasks:
+                typer.echo(shlex.join(task.run_command("local")))
+        else:
+            first = plans[0]
+            where = _root(root, cluster) / "experiments" / first.name / f"{first.name}_DRYRUN"
+            typer.echo("# job script of run 1 (the others differ only in their plan):")
+            typer.echo(render_sbatch(first, where, bulk.slurm_options(tasks[0]), cluster), nl=False)
+        typer.echo(f"dry run: {len(tasks)} run(s) planned, nothing launched")
+        return
+    if executor == "local":
+        results = bulk.run_local_sweep(tasks, echo=typer.echo)
+        failed = [(t, c) for t, c in results if c != 0]
+        typer.echo(f"bulk: {len(results)} run(s), {len(results) - len(failed)} succeeded, "
+                   f"{len(failed)} failed")
+        for task, code in failed:
+            typer.echo(f"  {task.label()}: exit code {code}")
+        if failed:
+            raise typer.Exit(1)
+        return
+    submitted: list = []
+    try:
+        bulk.submit_slurm_sweep(tasks, plans, _root(root, cluster), cluster,
+                                echo=lambda line: (submitted.append(line), typer.echo(line)))
+    except SubmitError as err:
+        fail(f"run {len(submitted) + 1} was not submitted: {err}; "
+             f"{len(submitted)} earlier run(s) were (see `trainbench jobs`)", code=1)
+    typer.echo(f"bulk: submitted {len(submitted)} Slurm job(s); follow them with "
+               "`trainbench jobs refresh`")
+
+
+bulk_command.__doc__ = BULK_HELP
+
+
+# --- jobs -----------------------------------------------------------------------------------
+
+ROOT_OPT = typer.Option(None, "--root", envvar="TRAINBENCH_ROOT",
+                        help="Experiments root holding jobs.sqlite "
+                             "(default: the cluster config's).")
+
+
+def _open_db(root: Optional[Path]):
+    from .jobs import DB_FILE, JobsDB
+    where = _root(root, _load_cluster())
+    if not (where / DB_FILE).exists():
+        return None, where
+    return JobsDB(where), where
+
+
+def _elapsed(seconds) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _results_word(job: dict) -> str:
+    if not job.get("results_json"):
+        return ""
+    try:
+        results = json.loads(job["results_json"])
+    except ValueError:
+        return "?"
+    if not isinstance(results, dict):
+        return "parsed"
+    word = str(results.get("status") or "parsed")
+    step = results.get("step_time_mean_s")
+    return f"{word}, {step:.3g} s/step" if isinstance(step, (int, float)) else word
+
+
+def _jobs_table(jobs: list[dict], root: Path):
+    from rich.table import Table
+    table = Table(title=f"jobs in {root}")
+    # The directory's last part only (its timestamp tells repeats apart); the full path
+    # is in `trainbench jobs show ID`.
+    for col in ("id", "executor", "job id", "name", "state", "exit", "elapsed", "submitted",
+                "results", "directory"):
+        table.add_column(col, overflow="fold")
+    for job in jobs:
+        table.add_row(str(job["id"]), job["executor"], job["job_id"] or "", job["name"],
+                      job["state"], "" if job["exit_code"] is None else str(job["exit_code"]),
+                      _elapsed(job["elapsed_s"]),
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(job["submitted"])),
+                      _results_word(job), Path(job["exp_dir"]).name)
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    """Add init, bulk and jobs to the trainbench app."""
+    app.command("init")(init_command)
+    app.command("bulk", help=BULK_HELP)(bulk_command)
+
+    jobs_app = typer.Typer(help="Job history: every run, its state, exit code and results.",
+                           invoke_without_command=True)
+    app.add_typer(jobs_app, name="jobs")
+
+    @jobs_app.callback()
+    def jobs_default(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
+        """Job history: every run, its state, exit code and results (default: list)."""
+        if ctx.invoked_subcommand is None:
+            jobs_list(root)
+
+    @jobs_app.command("list")
+    def jobs_list(root: Optional[Path] = ROOT_OPT):
+        """Every recorded job, oldest first."""
+        from ..cli import console
+        db, where = _open_db(root)
+        if db is None:
+            typer.echo(f"no jobs recorded under {where} yet")
+            return
+        console().print(_jobs_table(db.list(), where))
+
+    @jobs_app.command("show")
+    def jobs_show(job: int = typer.Argument(..., help="The job's id in `trainbench jobs`."),
+                  root: Optional[Path] = ROOT_OPT):
+        """One job in full: state, plan, files, results; the log's tail if it failed."""
+        from ..cli import fail
+        from .experiment import EXIT_FILE, log_file_name
+        from .slurm import sbatch_output_name, script_name
+        db, where = _open_db(root)
+        row = db.get(job) if db else None
+        if row is None:
+            fail(f"no job {job} under {where}; `trainbench jobs list` shows the ids")
+        for key in ("id", "executor", "job_id", "name", "state", "slurm_state", "exit_code"):
+            typer.echo(f"{key:>12}: {'' if row[key] is None else row[key]}")
+        typer.echo(f"{'elapsed':>12}: {_elapsed(row['elapsed_s'])}")
+        for key in ("submitted", "updated"):
+            typer.echo(f"{key:>12}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row[key]))}")
+        if row["note"]:
+            typer.echo(f"{'note':>12}: {row['note']}")
+        try:
+            plan = json.loads(row["plan_json"])
+            lay = plan["layout"]
+            typer.echo(f"{'plan':>12}: {plan['workload']} {plan['size']} {plan['dtype']} on "
+                       f"{plan['gpus']} {plan['gpu_type']} rank(s), TP{lay['tp']} PP{lay['pp']} "
+                       f"CP{lay['cp']} DP{lay['dp']}, MBS {plan['mbs']} GBS {plan['gbs']}, "
+                       f"{plan['steps']} steps")
+        except (ValueError, KeyError, TypeError):
+            typer.echo(f"{'plan':>12}: (unreadable)")
+        exp = Path(row["exp_dir"])
+        typer.echo(f"{'directory':>12}: {exp}")
+        log = exp / log_file_name(row["name"])
+        files = [log, exp / EXIT_FILE]
+        if row["executor"] == "slurm":
+            files += [exp / script_name(row["name"]), exp / sbatch_output_name(row["name"])]
+        for f in files:
+            typer.echo(f"{'':>12}  {f.name}{'' if f.exists() else ' (missing)'}")
+        if row["results_json"]:
+            typer.echo("results:")
+            typer.echo(json.dumps(json.loads(row["results_json"]), indent=2, sort_keys=True))
+        if row["state"] in ("FAILED", "CANCELLED", "TIMEOUT"):
+            for f in (log, exp / sbatch_output_name(row["name"])):
+                if f.exists():
+                    tail = f.read_text(errors="replace").splitlines()[-10:]
+                    typer.echo(f"last lines of {f.name}:")
+                    for line in tail:
+                        typer.echo(f"  {line}")
+
+    @jobs_app.command("refresh")
+    def jobs_refresh(ids: List[int] = typer.Argument(None, help="Only these jobs (default: all)."),
+                     root: Optional[Path] = ROOT_OPT):
+        """Update states from Slurm (squeue, sacct, jobcomp or exit.json); parse results."""
+        from ..cli import console
+        from .jobs import refresh
+        db, where = _open_db(root)
+        if db is None:
+            typer.echo(f"no jobs recorded under {where} yet")
+            return
+        refresh(db, ids or None)
+        jobs = [j for j in db.list() if not ids or j["id"] in ids]
+        console().print(_jobs_table(jobs, where))
