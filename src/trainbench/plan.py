@@ -209,6 +209,25 @@ def layers_split_ok(layers: int, stages: int) -> bool:
     return stages <= layers + 2 and (layers % stages == 0 or (layers + 2) % stages == 0)
 
 
+def pipeline_schedule_problems(microbatches: int, pp: int, vp: int) -> list[str]:
+    """What torch.distributed.pipelining's schedules need of the microbatch count GA.
+
+    1F1B (VP = 1) needs at least PP microbatches. Interleaved 1F1B runs them in rounds
+    of about PP (max(1, GA // PP) rounds) and needs GA to be a multiple of the round
+    count; fewer than PP microbatches is refused too (such a pipeline is mostly bubble).
+    """
+    fix = "raise GBS or lower MBS or DP"
+    schedule = "1F1B" if vp == 1 else "interleaved 1F1B"
+    if microbatches < pp:
+        return [f"GA = GBS/(MBS*DP) = {microbatches}, but the {schedule} pipeline schedule "
+                f"needs at least PP = {pp} microbatches per step; {fix}"]
+    rounds = max(1, microbatches // pp)
+    if vp > 1 and microbatches % rounds:
+        return [f"GA = {microbatches} microbatches do not split into {rounds} rounds "
+                f"(GA // PP) of the interleaved 1F1B schedule; use a multiple of PP = {pp}"]
+    return []
+
+
 def experiment_name(workload: str, size: str, dtype: str, gpus: int) -> str:
     return f"{workload}_{size}_{dtype}_gpus{gpus}"
 
@@ -278,6 +297,7 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     overrides.setdefault("lr", 3e-3 if tiny else 3e-4)
     overrides.setdefault("min_lr", overrides["lr"] / 10)
     overrides.setdefault("warmup_steps", 5 if tiny else 2000)
+    overrides.setdefault("recompute", row.recompute)
     per_node = overrides.pop("gpus_per_node", gpus_per_node)
     if per_node is None:
         per_node = gpu.gpus_per_node if gpu else scale
@@ -334,8 +354,11 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
                  f"(neither {layers} nor {layers}+2 for embedding and loss is a multiple)")
     if lay.cp > 1 and plan.seq_len % (2 * lay.cp):
         p.append(f"seq_len {plan.seq_len} is not divisible by 2*CP = {2 * lay.cp}")
-    if plan.seq_len % lay.tp:
-        p.append(f"seq_len {plan.seq_len} is not divisible by TP={lay.tp} (sequence parallel)")
+    if plan.seq_len % (lay.cp * lay.tp):
+        p.append(f"seq_len {plan.seq_len} is not divisible by CP*TP = {lay.cp}*{lay.tp} "
+                 "(sequence parallel splits each context shard over TP)")
+    if lay.pp > 1 and plan.gbs % (plan.mbs * lay.dp) == 0:
+        p.extend(pipeline_schedule_problems(plan.ga, lay.pp, lay.vp))
     if plan.dtype == "fp8":
         if plan.gpu_type == hardware.CPU:
             p.append("fp8 needs a GPU with FP8 tensor cores (H100 or newer); use --dtype bf16 on a CPU")
@@ -348,6 +371,13 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
         p.append(f"profile steps {f.profile_start}-{f.profile_stop} must satisfy 0 <= start <= stop")
     if f.profile and f.nccl_trace:
         p.append("profiling and the NCCL trace are mutually exclusive (as in the seeds); pick one")
+    if f.profile == "nsys" and plan.device == "cpu":
+        p.append("--profile nsys needs a GPU (Nsight Systems traces CUDA); use --profile torch "
+                 "on a CPU")
+    if f.profile and not f.load_checkpoint and f.profile_stop >= plan.steps:
+        p.append(f"profile steps {f.profile_start}-{f.profile_stop} are not all in the run "
+                 f"(iterations 0-{plan.steps - 1}); use --steps {f.profile_stop + 1} or more, "
+                 "or other --profile-steps")
     if plan.peak_tflops is not None and plan.peak_tflops <= 0:
         p.append(f"peak TFLOPS {plan.peak_tflops} must be positive")
     return p

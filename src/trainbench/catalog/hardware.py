@@ -27,6 +27,8 @@ class GPU:
     collective_latency_us: float = 15.0
     name_patterns: tuple[str, ...] = field(default=())
     """Substrings of the CUDA device name that identify this GPU."""
+    nvlink_domain: int = 0
+    """GPUs joined by NVLink (GB200 NVL72: 72); 0 = the node (gpus_per_node)."""
 
     def peak(self, dtype: str) -> float | None:
         # fp32 runs on GPUs are not a seed workload; bf16 is the reference peak for them.
@@ -45,9 +47,11 @@ GPUS: dict[str, GPU] = {
     "b300": GPU("b300", "B300", {"bf16": 2250, "fp8": 4500, "nvfp4": 13500}, 270, 8, 1800, 8,
                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("B300",)),
     "gb200": GPU("gb200", "GB200", {"bf16": 2450, "fp8": 4900, "nvfp4": 9800}, 186, 8, 1800, 4,
-                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("GB200",)),
+                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("GB200",),
+                 nvlink_domain=72),
     "gb300": GPU("gb300", "GB300", {"bf16": 2450, "fp8": 4900, "nvfp4": 14700}, 279, 8, 1800, 4,
-                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("GB300",)),
+                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("GB300",),
+                 nvlink_domain=72),
     "mi300x": GPU("mi300x", "MI300X", {"bf16": 1307, "fp8": 2615}, 192, 5.3, 896, 8,
                   intra_node_busbw_gbs=300, name_patterns=("MI300X",)),
 }

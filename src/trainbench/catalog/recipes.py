@@ -44,12 +44,15 @@ class RecipeRow:
     dp_shard: int = 0
     """Ranks each FSDP group shards over (MaxText's FSDP=128 at 512 GPUs); 0 = all of DP."""
     note: str = ""
+    recompute: str = "none"
+    """Activation recomputation the published run used ('none', 'selective', 'full')."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note=""):
+def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note="",
+          recompute="none"):
     """Expand a seed table: each entry is (gpus, tp, pp, cp, dp, vp, mbs, gbs, ga[, dp_shard])."""
     out = []
     for dtype in dtypes:
@@ -57,7 +60,8 @@ def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note="")
             gpus, tp, pp, cp, dp, vp, mbs, gbs, ga, *rest = entry
             out.append(RecipeRow(workload, size, dtype, gpu_type, gpus, seq, layers, tp, pp, cp,
                                  1, dp, vp, mbs, gbs, ga, source,
-                                 dp_shard=rest[0] if rest else 0, note=note))
+                                 dp_shard=rest[0] if rest else 0, note=note,
+                                 recompute=recompute))
     return out
 
 
@@ -82,7 +86,10 @@ RECIPES: list[RecipeRow] = [
     # Llama 2 70B, MaxText: pure FSDP (+ DP beyond 256 GPUs), MBS 2, GBS = 2 x GPUs.
     *_rows("pretrain_llama2", "70b", BOTH, "h100", 4096, 80, SEED_LLAMA2, [
         (g, 1, 1, 1, g, 1, 2, 2 * g, 1, min(g, 256 if g <= 256 else 128))
-        for g in (64, 128, 256, 512, 1024, 2048)]),
+        for g in (64, 128, 256, 512, 1024, 2048)],
+        # MaxText's Llama 2 70B GPU configs recompute each layer but its QKV projections
+        # (remat_policy=save_qkv_proj); without it the activations cannot fit in 80 GB.
+        recompute="full", note="recompute: MaxText remat (the seed does not print it)"),
     # Nemotron-4 (seed 003; 340B at 128 GPUs only in the older seed 000).
     *_rows("pretrain_nemotron4", "15b", BOTH, "h100", 4096, 32, SEED_NEMOTRON4, [
         (g, 2, 1, 1, g // 2, 1, 2, 4 * g, 4) for g in (16, 32, 64, 128, 256, 512, 1024, 2048)]),

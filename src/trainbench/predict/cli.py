@@ -1,5 +1,271 @@
-"""Commands of this subsystem (not written yet)."""
+"""`trainbench predict`: step time, throughput and memory before launching; --search for
+the best layouts; --calibrate to fit the model to a cluster's measured runs.
+
+Importing this module imports nothing heavy: the command body imports what it uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+FORMATS = ("table", "json")
 
 
 def register(app) -> None:
-    """Add this subsystem's commands to the trainbench Typer app."""
+    """Add `trainbench predict` to the Typer app."""
+
+    @app.command("predict")
+    def predict(
+        workload: Optional[str] = typer.Option(None, "-w", "--workload",
+                                               help="Workload key, e.g. pretrain_llama3.1."),
+        size: Optional[str] = typer.Option(None, "-s", "--size", envvar="MODEL_SIZE",
+                                           help="Model size, e.g. 70b."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
+                                            help="bf16, fp8 or fp32."),
+        scale: Optional[int] = typer.Option(None, "--scale", envvar="JOB_TOTAL_GPUS",
+                                            help="Number of GPUs."),
+        gpu: str = typer.Option("h100", "--gpu", help="GPU type to predict for."),
+        sets: Optional[List[str]] = typer.Option(
+            None, "--set", help="Override plan fields, e.g. --set tp=2 --set 'pp=4 vp=5'."),
+        fmt: str = typer.Option("table", "--format", help="table or json."),
+        do_search: bool = typer.Option(False, "--search",
+                                       help="Rank the layouts that fit by predicted step time."),
+        top: int = typer.Option(10, "--top", help="Layouts --search lists."),
+        headroom: float = typer.Option(0.05, "--headroom",
+                                       help="Share of usable memory --search keeps spare."),
+        calibrate_dir: Optional[Path] = typer.Option(
+            None, "--calibrate", help="Fit the model to the experiment directories under DIR "
+                                      "and store the constants in the cluster config."),
+        sharding: str = typer.Option(
+            "recipe", "--sharding",
+            help="How DP shards model state: recipe (what the published run used; "
+                 "--calibrate then assumes trainbench's engine), distributed_optimizer "
+                 "(Megatron) or fsdp (trainbench's engine, FSDP2)."),
+    ):
+        """Predict step time, tokens/s, MFU and memory per GPU before launching."""
+        from ..cli import fail
+        from ..config import load_config
+        from .context import SHARDINGS
+
+        if fmt not in FORMATS:
+            fail(f"unknown --format {fmt!r}; use table or json")
+        if sharding not in SHARDINGS:
+            fail(f"unknown --sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
+        try:
+            config = load_config()
+        except ValueError as err:
+            fail(str(err))
+        if calibrate_dir is not None:
+            if do_search:
+                fail("--calibrate and --search are separate runs; drop one of them")
+            _calibrate(calibrate_dir, config, fmt, sharding)
+            return
+        missing = [name for name, value in (("-w/--workload", workload), ("-s/--size", size),
+                                            ("--dtype", dtype), ("--scale", scale))
+                   if value is None]
+        if missing:
+            fail(f"predict needs {', '.join(missing)} (or --calibrate DIR)")
+        if scale < 1:
+            fail("--scale must be at least 1")
+        if top < 1:
+            fail("--top must be at least 1")
+        if not 0 <= headroom < 1:
+            fail("--headroom must be a fraction in [0, 1)")
+        from ..plan import PlanError, parse_overrides
+        try:
+            overrides = parse_overrides(sets or [])
+        except PlanError as err:
+            fail("; ".join(err.problems))
+        if do_search:
+            _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
+                    headroom, fmt)
+        else:
+            _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt)
+
+
+def _calibrated(config: dict, gpu: str) -> bool:
+    from .constants import calibrated_values
+    return bool(calibrated_values(config, gpu))
+
+
+def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt) -> None:
+    import json
+
+    from ..cli import fail
+    from ..plan import PlanError, build_plan
+    from .perf import predict_step
+    from .report import prediction_dict
+    try:
+        plan = build_plan(workload, size, dtype, scale, gpu, overrides=dict(overrides))
+    except PlanError as err:
+        fail("; ".join(err.problems))
+    try:
+        pred = predict_step(plan, sharding=sharding, config=config)
+    except (LookupError, ValueError) as err:
+        fail(str(err))
+    data = prediction_dict(plan, pred, overrides=overrides,
+                           calibrated=_calibrated(config, plan.gpu_type))
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    _print_prediction(plan, data)
+
+
+def _print_prediction(plan, data: dict) -> None:
+    from rich.table import Table
+
+    from ..catalog import hardware
+    from ..cli import console
+    from .report import part_label
+    out = console()
+    lay = data["layout"]
+    title = (f"{plan.workload} {plan.size} {plan.dtype} on {plan.gpus} x "
+             f"{hardware.GPUS[plan.gpu_type].name}: {plan.layout.describe()} MBS{lay['mbs']} "
+             f"GBS{lay['gbs']} GA{lay['ga']}"
+             + (f" recompute={lay['recompute']}" if lay["recompute"] != "none" else ""))
+    summary = Table(title=title, show_header=False)
+    summary.add_column("metric")
+    summary.add_column("value", justify="right")
+    step = f"{data['step_time_s']:.3f} s"
+    if "published_step_time_s" in data:
+        step += (f"  (published {data['published_step_time_s']:g} s, "
+                 f"{100 * data['error_vs_published']:+.1f}%)")
+    summary.add_row("step time", step)
+    summary.add_row("tokens/s", f"{data['tokens_per_s']:,.0f}")
+    summary.add_row("TFLOPS/GPU (published FLOPs)", f"{data['tflops_per_gpu']:.1f}")
+    summary.add_row("MFU (published FLOPs)", f"{100 * data['mfu']:.2f}%")
+    summary.add_row("MFU (causal FLOPs)", f"{100 * data['mfu_causal']:.2f}%")
+    summary.add_row("days per 1T tokens", f"{data['days_per_1t_tokens']:.2f}")
+    cap = data["memory_capacity_gib"]
+    verdict = "fits" if data["fits"] else "DOES NOT FIT"
+    summary.add_row("peak memory per GPU",
+                    f"{data['memory_gib']:.1f} GiB of {cap:.1f} GiB usable: {verdict}")
+    summary.add_row("model", f"sharding {data['sharding']}, constants {data['constants_source']}")
+    out.print(summary)
+
+    parts = Table(title="Where the step goes (critical pipeline rank "
+                        f"{data['critical_pipeline_rank']})")
+    for col in ("part", "seconds", "share"):
+        parts.add_column(col, justify="right" if col != "part" else "left")
+    for part, v in data["breakdown"].items():
+        parts.add_row(part_label(part), f"{v['seconds']:.3f}", f"{100 * v['share']:.1f}%")
+    for part, secs in data["compute_breakdown_s"].items():
+        if secs > 0:
+            parts.add_row(f"  compute: {part.replace('_', ' ')}", f"{secs:.3f}",
+                          f"{100 * secs / data['step_time_s']:.1f}%")
+    out.print(parts)
+
+    mem = Table(title=f"Memory per GPU, pipeline rank {data['memory_rank']}")
+    mem.add_column("part")
+    mem.add_column("GiB", justify="right")
+    for part, gib in data["memory_breakdown_gib"].items():
+        note = (f" ({data['in_flight_microbatch_chunks']} microbatch-chunks in flight)"
+                if part == "activations" else "")
+        mem.add_row(part + note, f"{gib:.2f}")
+    mem.add_row("total", f"{data['memory_gib']:.2f}")
+    out.print(mem)
+
+
+def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top, headroom,
+            fmt) -> None:
+    import json
+
+    from rich.table import Table
+
+    from ..catalog.models import get_model
+    from ..cli import console, fail
+    from .report import search_dict
+    from .search import search
+    try:
+        get_model(workload, size)
+        result = search(workload, size, dtype.lower(), scale, gpu.lower(), overrides=overrides,
+                        config=config, sharding=sharding, headroom=headroom)
+    except (LookupError, ValueError) as err:
+        fail(str(err))
+    data = search_dict(result, top)
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    if not data["top"]:
+        fail(f"no layout of {workload} {size} {dtype} fits {scale} x {gpu} "
+             f"({result.considered} considered, {result.not_fitting} do not fit, "
+             f"{result.tight} within the {100 * headroom:.0f}% headroom, "
+             f"{result.invalid} invalid); try more GPUs or --set recompute=full", code=1)
+    table = Table(title=f"Fastest layouts of {workload} {size} {dtype} on {scale} x {gpu} "
+                        "(predicted; global batch fixed)")
+    for col in ("#", "layout", "step (s)", "tokens/s", "MFU", "why"):
+        table.add_column(col, justify="right" if col in ("#", "step (s)", "tokens/s", "MFU")
+                         else "left")
+    for c in data["top"]:
+        table.add_row(str(c["rank"]), c["describe"], f"{c['step_time_s']:.3f}",
+                      f"{c['tokens_per_s']:,.0f}", f"{100 * c['mfu']:.1f}%", c["why"])
+    out = console()
+    out.print(table)
+    lines = [f"{data['considered']} layouts considered: {data['invalid']} invalid, "
+             f"{data['not_fitting']} do not fit, {data['within_headroom']} fit by less than "
+             f"{100 * headroom:.0f}% headroom; {data['layouts']} layouts ranked "
+             "(each with its best VP and recompute choice)."]
+    if data["recipe_layout"] is not None:
+        rank = data["recipe_layout_rank"]
+        rl = data["recipe_layout"]
+        desc = f"TP{rl['tp']} PP{rl['pp']} CP{rl['cp']} VP{rl['vp']} MBS{rl['mbs']}"
+        lines.append(f"The recipe's layout ({desc}) ranks "
+                     + (f"#{rank}." if rank else "outside the list (dropped or not its best VP)."))
+    for line in lines:
+        out.print(line)
+
+
+def _calibrate(directory: Path, config: dict, fmt: str, sharding: str) -> None:
+    import json
+
+    from rich.table import Table
+
+    from ..catalog import hardware
+    from ..cli import console, fail
+    from ..config import save_config
+    from .calibrate import CalibrationError, find_runs, fit, store
+    from .report import calibration_dict
+    if not directory.is_dir():
+        fail(f"--calibrate {directory}: not a directory; pass the folder holding the "
+             "experiment directories (plan.json + metrics.jsonl)")
+    runs, skipped = find_runs(directory)
+    usable = [r for r in runs if r.plan.gpu_type in hardware.GPUS]
+    ignored = len(runs) - len(usable)
+    if not usable:
+        fail(f"no measured GPU runs under {directory} (experiment directories with plan.json "
+             f"and metrics.jsonl on a known GPU type; {len(skipped)} skipped, {ignored} on "
+             "CPU or an unknown device)")
+    # Measured runs come from trainbench's engine, which shards with FSDP2.
+    run_sharding = "fsdp" if sharding == "recipe" else sharding
+    results = []
+    new_config = dict(config)
+    try:
+        for gpu_type in sorted({r.plan.gpu_type for r in usable}):
+            result = fit(usable, gpu_type, config=config, sharding=run_sharding)
+            results.append(result)
+            new_config = store(new_config, result)
+    except (CalibrationError, LookupError, ValueError) as err:
+        fail(str(err))
+    path = save_config(new_config)
+    data = {"config": str(path), "skipped": skipped, "ignored_runs": ignored,
+            "calibrations": [calibration_dict(r) for r in results]}
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    out = console()
+    table = Table(title=f"Calibration from {directory}")
+    for col in ("GPU", "runs", "mean |error| before", "after", "max |error| before", "after",
+                "fitted constants"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(r.gpu_type, str(len(r.runs)), f"{r.mean_abs_before_pct:.1f}%",
+                      f"{r.mean_abs_after_pct:.1f}%", f"{r.max_abs_before_pct:.1f}%",
+                      f"{r.max_abs_after_pct:.1f}%",
+                      ", ".join(f"{k}={v:.4g}" for k, v in r.fitted.items()) or "(unchanged)")
+    out.print(table)
+    out.print(f"stored under 'calibration' in {path}"
+              + (f"; {len(skipped)} directories skipped" if skipped else "")
+              + (f"; {ignored} runs on CPU or unknown devices ignored" if ignored else ""))

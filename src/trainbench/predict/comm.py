@@ -1,0 +1,126 @@
+"""Collective communication times: latency + bytes / bus bandwidth.
+
+Bus bandwidth as nccl-tests defines it (nccl-tests doc/PERFORMANCE.md): a collective of
+S bytes over n ranks moves S*(n-1)/n bytes through each rank's slowest link for
+all-gather and reduce-scatter, and 2*S*(n-1)/n for all-reduce, so
+time = latency + factor * S / busbw.
+
+Where a group's ranks sit decides the bandwidth: inside one NVLink domain the NVLink
+bus bandwidth; across domains each rank's own NIC carries one ring, so a group with
+k members per domain gets k NICs' worth, min(nvlink, k * network). Ranks are laid out
+as Megatron-LM orders them (tensor fastest, then context, data, pipeline).
+Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .device import Device
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communicator: `size` ranks spaced `stride` ranks apart in the global order."""
+    size: int
+    stride: int
+
+    def span(self) -> int:
+        """Consecutive global ranks the group covers."""
+        return (self.size - 1) * self.stride + 1
+
+
+def members_per_domain(group: Group, domain: int) -> int:
+    """How many of the group's ranks share one NVLink domain (at least 1)."""
+    if group.span() <= domain:
+        return group.size
+    return max(1, domain // group.stride) if group.stride < domain else 1
+
+
+def crosses_domains(group: Group, domain: int) -> bool:
+    return group.span() > domain
+
+
+def bus_bandwidth_gbs(group: Group, dev: Device) -> float:
+    """Bus bandwidth of a ring over the group (GB/s)."""
+    if not crosses_domains(group, dev.nvlink_domain):
+        return dev.intra_node_busbw_gbs
+    k = members_per_domain(group, dev.nvlink_domain)
+    return min(dev.intra_node_busbw_gbs, k * dev.network_gbs)
+
+
+def latency_s(n: int, dev: Device) -> float:
+    """Start-up latency of one collective: about 10-20 us per step of a log-depth
+    algorithm (tree all-reduce, NCCL PAT for all-gather / reduce-scatter at scale)."""
+    if n <= 1:
+        return 0.0
+    return dev.collective_latency_us * 1e-6 * math.ceil(math.log2(n))
+
+
+def ring_latency_s(n: int, dev: Device, constants) -> float:
+    """Latency of one ring all-gather / reduce-scatter: NCCL runs them as rings, whose
+    n-1 steps each pay a hop (NCCL docs, 'Algorithms'; nccl-tests small-message times)."""
+    if n <= 1:
+        return 0.0
+    return dev.collective_latency_us * 1e-6 + (n - 1) * constants.ring_hop_us * 1e-6
+
+
+def all_gather_s(size_bytes: float, group: Group, dev: Device) -> float:
+    """All-gather producing `size_bytes` on every rank (nccl-tests: busbw = algbw*(n-1)/n)."""
+    n = group.size
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return latency_s(n, dev) + size_bytes * (n - 1) / n / (bus_bandwidth_gbs(group, dev) * 1e9)
+
+
+def reduce_scatter_s(size_bytes: float, group: Group, dev: Device) -> float:
+    """Reduce-scatter of a `size_bytes` input (nccl-tests: busbw = algbw*(n-1)/n)."""
+    return all_gather_s(size_bytes, group, dev)
+
+
+def all_reduce_s(size_bytes: float, group: Group, dev: Device) -> float:
+    """All-reduce of `size_bytes` (nccl-tests: busbw = algbw*2(n-1)/n)."""
+    n = group.size
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return latency_s(n, dev) + 2 * size_bytes * (n - 1) / n / (
+        bus_bandwidth_gbs(group, dev) * 1e9)
+
+
+def p2p_s(size_bytes: float, crosses: bool, dev: Device) -> float:
+    """One send/receive between neighbours: the NIC across domains, NVLink inside."""
+    if size_bytes <= 0:
+        return 0.0
+    bw = dev.network_gbs if crosses else dev.intra_node_busbw_gbs
+    return dev.collective_latency_us * 1e-6 + size_bytes / (bw * 1e9)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The communicators of a layout, in Megatron-LM's rank order tp-cp-dp-pp."""
+    tp: Group
+    cp: Group
+    dp: Group
+    dp_cp: Group
+    """Data and context ranks together: Megatron's distributed optimizer and FSDP shard
+    (and reduce gradients) over it."""
+    pp: Group
+    fsdp: Group
+    """Ranks one FSDP group shards over (dp_shard x cp; all of dp x cp without HSDP)."""
+    replicas: Group
+    """FSDP replicas (HSDP): gradients are all-reduced across them."""
+
+
+def groups_for(tp: int, cp: int, dp: int, pp: int, dp_shard: int = 0) -> Groups:
+    shard = dp_shard if dp_shard and dp_shard < dp else dp
+    return Groups(
+        tp=Group(tp, 1),
+        cp=Group(cp, tp),
+        dp=Group(dp, tp * cp),
+        dp_cp=Group(dp * cp, tp),
+        pp=Group(pp, tp * cp * dp),
+        # cp is laid inside dp, so an FSDP group over dp_shard x cp is contiguous in steps of tp
+        fsdp=Group(shard * cp, tp),
+        replicas=Group(dp // shard, tp * cp * shard),
+    )

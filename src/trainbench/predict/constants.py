@@ -1,0 +1,115 @@
+"""The model's efficiency constants: one set per GPU type, never per workload.
+
+Each constant is a physical quantity (a fraction of a peak, an overlap fraction, a
+kernel size at which efficiency halves), so a value can be checked against a
+micro-benchmark and a calibrated value can be read. `trainbench predict --calibrate`
+stores fitted values in the cluster config:
+
+    calibration:
+      h100: {gemm_eff_bf16: 0.81, attn_eff: 0.52, ...}
+
+and `constants_for` lays them over the defaults below. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+CALIBRATION_KEY = "calibration"
+
+
+@dataclass(frozen=True)
+class Constants:
+    # --- compute -------------------------------------------------------------------------
+    gemm_eff_bf16: float = 0.70
+    """Fraction of the BF16 dense peak a large GEMM reaches (cuBLAS on H100: ~0.75-0.8)."""
+    gemm_eff_fp8: float = 0.66
+    """Fraction of the FP8 dense peak a large FP8 GEMM reaches."""
+    gemm_half_dim: float = 90.0
+    """Smallest GEMM dimension at which efficiency is half its large-matrix value: the
+    fall-off of small (e.g. TP-split) matrices, eff = eff_max * d / (d + gemm_half_dim)."""
+    attn_eff: float = 0.38
+    """Flash attention forward + backward, fraction of the BF16 peak on causal FLOPs
+    (attention stays BF16 in the FP8 recipes)."""
+    attn_half_len: float = 450.0
+    """Sequence length per attention kernel at which flash attention's efficiency halves."""
+    scan_eff: float = 0.09
+    """Mamba-2 chunked scan and causal convolution, fraction of the BF16 peak."""
+    hbm_eff: float = 0.45
+    """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, casts) reach."""
+    layer_overhead_us: float = 30.0
+    """Fixed time per layer per microbatch, forward + backward: kernel launches, small
+    kernels the FLOP and byte counts miss."""
+    # --- communication -------------------------------------------------------------------
+    tp_overlap: float = 0.4
+    """Fraction of tensor/sequence-parallel collectives hidden behind GEMMs."""
+    cp_overlap: float = 0.8
+    """Fraction of the context-parallel K/V exchange hidden behind attention."""
+    pp_overlap: float = 0.5
+    """Fraction of pipeline point-to-point sends hidden behind compute."""
+    dp_overlap: float = 0.9
+    """Share of the compute window that data-parallel / FSDP collectives can hide behind."""
+    ring_hop_us: float = 2.0
+    """Latency each step of a ring collective adds (a bucket's all-gather over n ranks
+    waits about n-1 hops)."""
+    comm_slowdown: float = 0.1
+    """Compute slow-down per second of hidden communication (SMs and HBM the NCCL kernels
+    take while they overlap compute)."""
+    # --- memory --------------------------------------------------------------------------
+    fragmentation: float = 0.07
+    """Allocator fragmentation, as a share of activation and logits memory."""
+    buffers_gib: float = 1.0
+    """Communication buffers and workspaces inside the allocator (NCCL, cuBLAS, TE)."""
+    context_gib: float = 0.75
+    """CUDA context and driver memory outside the allocator (counts against capacity)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def with_values(self, values: dict) -> "Constants":
+        return replace(self, **values)
+
+
+FIELDS = tuple(f.name for f in fields(Constants))
+
+# Per GPU type. Hopper values come from the H100 reference cells (bench/predict_accuracy.py);
+# other types start from the same efficiencies with their own peaks and bandwidths until a
+# calibration (`trainbench predict --calibrate`) measures them.
+DEFAULTS: dict[str, Constants] = {
+    "h100": Constants(),
+    "h200": Constants(),
+}
+
+
+def default_constants(gpu_type: str) -> Constants:
+    return DEFAULTS.get(gpu_type.lower(), Constants())
+
+
+def calibrated_values(config: dict, gpu_type: str) -> dict:
+    """The calibrated constants of one GPU type from the cluster config ({} when none)."""
+    section = config.get(CALIBRATION_KEY) or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"cluster config key '{CALIBRATION_KEY}' must be a mapping of GPU type "
+                         "to constants")
+    entry = section.get(gpu_type.lower()) or {}
+    if not isinstance(entry, dict):
+        raise ValueError(f"cluster config '{CALIBRATION_KEY}.{gpu_type}' must be a mapping")
+    out = {}
+    for key, value in entry.items():
+        if key.startswith("_"):
+            continue  # bookkeeping (runs used, errors) stored beside the constants
+        if key not in FIELDS:
+            raise ValueError(f"cluster config '{CALIBRATION_KEY}.{gpu_type}.{key}': unknown "
+                             f"constant; known: {', '.join(FIELDS)}")
+        if not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"cluster config '{CALIBRATION_KEY}.{gpu_type}.{key}' must be a "
+                             "non-negative number")
+        out[key] = float(value)
+    return out
+
+
+def constants_for(gpu_type: str, config: dict | None = None) -> Constants:
+    """Defaults for the GPU type with the cluster config's calibration laid over them."""
+    base = default_constants(gpu_type)
+    values = calibrated_values(config or {}, gpu_type)
+    return base.with_values(values) if values else base

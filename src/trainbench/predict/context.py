@@ -1,0 +1,98 @@
+"""Everything both models derive from a plan once: device, constants, sharding, the work
+of each layer kind and how layers sit on pipeline ranks. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from ..catalog import recipes
+from ..plan import Plan
+from .comm import Groups, groups_for
+from .constants import Constants, constants_for
+from .device import Device, device_for
+from .work import LayerWork, Shape, layer_work, pipeline_chunks, rank_chunks
+
+# How the framework shards model state over data-parallel ranks.
+DISTRIBUTED_OPTIMIZER = "distributed_optimizer"
+"""Megatron-LM's distributed optimizer (ZeRO-1): bf16 weights and gradients on every
+data-parallel rank, fp32 master weights and Adam moments sharded over DP x CP."""
+FSDP = "fsdp"
+"""FSDP / ZeRO-3 (trainbench's engine with FSDP2, MaxText): weights, gradients and
+optimizer state sharded; weights all-gathered per layer, gradients reduce-scattered."""
+SHARDINGS = ("recipe", DISTRIBUTED_OPTIMIZER, FSDP)
+
+# Recipes whose framework shards with FSDP; every other seed recipe runs Megatron-LM (NeMo).
+FSDP_RECIPES = (recipes.SEED_LLAMA2, recipes.TINY)
+
+
+def resolve_sharding(plan: Plan, sharding: str = "recipe") -> str:
+    """'recipe' picks what the plan's recipe ran under: FSDP for MaxText (Llama 2) and
+    trainbench's tiny proxies, Megatron's distributed optimizer for the NeMo recipes."""
+    if sharding not in SHARDINGS:
+        raise ValueError(f"unknown sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
+    if sharding != "recipe":
+        return sharding
+    return FSDP if plan.recipe_source in FSDP_RECIPES else DISTRIBUTED_OPTIMIZER
+
+
+@dataclass(frozen=True)
+class Context:
+    plan: Plan
+    device: Device | None
+    """None for a device without a description (a CPU): memory only, no step time."""
+    constants: Constants
+    sharding: str
+    shape: Shape
+    work: dict[str, LayerWork]
+    """Work of one layer of each kind for one microbatch on one GPU."""
+    chunks: list[list[str]]
+    """Layer kinds of every virtual pipeline stage."""
+    ranks: list[list[list[str]]]
+    """Virtual stages of each pipeline rank."""
+    groups: Groups
+
+    @property
+    def microbatches(self) -> int:
+        return self.plan.ga
+
+    @cached_property
+    def rank_counts(self) -> list[list[dict[str, int]]]:
+        """Layers of each kind in each virtual stage of each pipeline rank."""
+        out = []
+        for rank in self.ranks:
+            counted = []
+            for chunk in rank:
+                counts: dict[str, int] = {}
+                for kind in chunk:
+                    counts[kind] = counts.get(kind, 0) + 1
+                counted.append(counts)
+            out.append(counted)
+        return out
+
+
+def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = None,
+                 constants: Constants | None = None, device: Device | None = None,
+                 need_device: bool = True) -> Context:
+    """LookupError when the plan's GPU type has no device description (CPU, unknown) and
+    `need_device` is set; otherwise such a context has device None."""
+    dev = device
+    if dev is None:
+        try:
+            dev = device_for(plan.gpu_type, plan.gpus_per_node, config)
+        except LookupError:
+            if need_device:
+                raise
+    consts = constants or constants_for(plan.gpu_type, config)
+    lay = plan.layout
+    shape = Shape(mbs=plan.mbs, seq_len=plan.seq_len, tp=lay.tp, cp=lay.cp,
+                  act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype == "fp8")
+    kinds = {"embedding", "head"} | {k for k, n in plan.model.layer_counts().items()
+                                     if n and k != "block"}
+    work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}
+    chunks = pipeline_chunks(plan.model, lay.pp, lay.vp)
+    return Context(plan=plan, device=dev, constants=consts,
+                   sharding=resolve_sharding(plan, sharding), shape=shape, work=work,
+                   chunks=chunks, ranks=rank_chunks(chunks, lay.pp),
+                   groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, lay.dp_shard))

@@ -1,0 +1,222 @@
+"""Memory per GPU on the most loaded pipeline rank, and a fits / does-not-fit verdict.
+
+Model state (Rajbhandari et al. 2020, ZeRO; Megatron-LM distributed optimizer docs):
+mixed-precision Adam keeps bf16 weights (2 B) and gradients (2 B) on every data-parallel
+rank, and fp32 master weights and two fp32 moments (12 B) sharded over DP x CP; FSDP
+shards all of it (fp32 weights, gradients, moments: 16 B) and gathers a layer's bf16
+weights when it runs. Activations (Korthikanti et al. 2022, "Reducing Activation
+Recomputation"): what each layer keeps for its backward with flash attention and sequence
+parallelism (work.py), times the microbatches in flight on the rank; full recomputation
+keeps only each layer's input. Plus the loss's logits, and an allowance for allocator
+fragmentation and communication buffers. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..plan import Plan
+from .context import DISTRIBUTED_OPTIMIZER, FSDP, Context, make_context
+from .device import GIB
+from .work import logits_bytes
+
+
+# Transformer Engine keeps an FP8 copy of each FP8 layer's weight across the microbatches
+# of a step (1 B per parameter); the transposed copy for the backward is made when used.
+# A persistent transpose too (2 B) would put the seeds' own FP8 runs (Nemotron-4 15B on 16
+# GPUs, Nemotron-H 56B on 32) above 80 GB, so it is not counted.
+FP8_WEIGHT_CACHE_BYTES = 1.0
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    rank: int
+    """Pipeline rank the figures describe (the one with the highest total)."""
+    weights: float
+    """Bytes: weights (bf16 on every DP rank, or the FSDP shard) and FP8 weight copies."""
+    gradients: float
+    optimizer: float
+    """fp32 master weights and Adam moments on this rank."""
+    activations: float
+    in_flight: int
+    """Microbatch-chunks whose activations are alive at the peak."""
+    logits: float
+    transient: float
+    """Gathered FSDP layers, or the layer being recomputed."""
+    allowance: float
+    """Fragmentation and communication buffers (constants.fragmentation, buffers_gib)."""
+    total: float
+    capacity: float | None
+    """Bytes the allocator may use on this GPU; None where the device is unknown (CPU)."""
+    sharding: str
+    recompute: str
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.capacity is None else self.total <= self.capacity
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["fits"] = self.fits
+        data["total_gib"] = self.total_gib
+        return data
+
+    def parts_gib(self) -> dict[str, float]:
+        return {k: getattr(self, k) / GIB for k in
+                ("weights", "gradients", "optimizer", "activations", "logits", "transient",
+                 "allowance")}
+
+
+def in_flight_chunks(pp: int, vp: int, rank: int, microbatches: int) -> int:
+    """Forward passes (of one virtual stage each) whose activations rank `rank` holds when
+    its first backward starts: 1F1B holds pp - rank microbatches (Narayanan et al. 2021);
+    the interleaved schedule warms up with (pp - rank - 1) * 2 + (vp - 1) * pp chunks
+    (Megatron-LM's schedules.py), plus the one running."""
+    if pp == 1:
+        return 1
+    if vp == 1:
+        return min(microbatches, pp - rank)
+    warmup = (pp - rank - 1) * 2 + (vp - 1) * pp
+    return min(microbatches * vp, warmup + 1)
+
+
+def _unit_param_max(ctx: Context) -> float:
+    """Largest FSDP unit: a transformer block (attention + MLP), a hybrid layer, or the
+    embedding / head."""
+    w = ctx.work
+    units = [w["embedding"].params, w["head"].params]
+    if ctx.plan.model.is_hybrid:
+        units += [w[k].params for k in ("attention", "mlp", "mamba") if k in w]
+    else:
+        units.append(w["attention"].params + w["mlp"].params)
+    return max(units)
+
+
+def _kept(ctx: Context, kind: str, recompute: str) -> float:
+    """Activation bytes one layer keeps for one microbatch under a recompute choice."""
+    lw = ctx.work[kind]
+    if kind in ("embedding", "head"):
+        return lw.act_bytes
+    if recompute == "full":
+        # A transformer block is one checkpoint: its MLP keeps nothing of its own.
+        if kind == "mlp" and not ctx.plan.model.is_hybrid:
+            return 0.0
+        return lw.input_bytes
+    if recompute == "selective" and kind == "attention":
+        # Megatron's selective recompute re-runs core attention (Korthikanti et al. 2022):
+        # with flash attention that drops its output and softmax statistics.
+        return lw.act_bytes - lw.attn_out_bytes
+    return lw.act_bytes
+
+
+def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
+    plan, c = ctx.plan, ctx.constants
+    lay = plan.layout
+    chunks = ctx.rank_counts[rank]
+    kinds = {k: 0 for chunk in chunks for k in chunk}
+    for chunk in chunks:
+        for k, n in chunk.items():
+            kinds[k] += n
+    params = sum(ctx.work[k].params * n for k, n in kinds.items())
+    fp8_params = sum(n * sum(x.k * x.n for x in ctx.work[k].linears if x.fp8)
+                     for k, n in kinds.items())
+    mixed = plan.dtype != "fp32"
+    opt_shards = lay.dp * lay.cp
+    if ctx.sharding == DISTRIBUTED_OPTIMIZER:
+        weights = (2.0 if mixed else 4.0) * params
+        weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
+        grads = (2.0 if mixed else 4.0) * params
+        optimizer = (12.0 if mixed else 8.0) * params / opt_shards
+        transient = 0.0
+    else:
+        shard = ctx.groups.fsdp.size
+        weights = 4.0 * params / shard
+        grads = 4.0 * params / shard
+        optimizer = 8.0 * params / shard
+        unit = _unit_param_max(ctx)
+        # Two gathered units alive (the running one and the prefetched one) and one unit's
+        # unsharded fp32 gradients before they are reduce-scattered (FSDP2 / ZeRO-3).
+        transient = (2 * (2.0 if mixed else 4.0) + 4.0) * unit if shard > 1 else 0.0
+        if shard == 1:
+            weights += (2.0 if mixed else 0.0) * params  # the bf16 compute copy
+            weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
+
+    recompute = plan.recompute
+    kept = {k: _kept(ctx, k, recompute) for k in kinds}
+    per_chunk = [sum(kept[k] * n for k, n in chunk.items()) for chunk in chunks]
+    in_flight = in_flight_chunks(lay.pp, lay.vp, rank, ctx.microbatches)
+    average_chunk = sum(per_chunk) / len(per_chunk)
+    # Chunks run round-robin; the first forward holds chunk 0 (with the embedding).
+    activations = max(per_chunk) + (in_flight - 1) * average_chunk
+    if recompute == "full":
+        layer_kinds = [k for k in kinds if k not in ("embedding", "head")]
+        biggest = max((ctx.work[k].act_bytes for k in layer_kinds), default=0.0)
+        if not plan.model.is_hybrid and "attention" in layer_kinds:
+            biggest = ctx.work["attention"].act_bytes + ctx.work["mlp"].act_bytes
+        transient += biggest  # the block being recomputed for its backward
+    logits = logits_bytes(plan.model, ctx.shape) if "head" in kinds else 0.0
+    # PyTorch's caching allocator fragments under activations of varying lifetimes (CUDA
+    # semantics docs, "memory management"); NCCL and cuBLAS keep workspaces.
+    allowance = c.fragmentation * (activations + logits) + c.buffers_gib * GIB
+    total = weights + grads + optimizer + activations + logits + transient + allowance
+    capacity = None
+    if ctx.device is not None:
+        capacity = (ctx.device.capacity_gib - c.context_gib) * GIB
+    return MemoryPrediction(rank=rank, weights=weights, gradients=grads, optimizer=optimizer,
+                            activations=activations, in_flight=in_flight, logits=logits,
+                            transient=transient, allowance=allowance, total=total,
+                            capacity=capacity, sharding=ctx.sharding, recompute=recompute)
+
+
+def memory_from_context(ctx: Context) -> MemoryPrediction:
+    """The most loaded pipeline rank. In-flight activations fall rank by rank, so the peak
+    is on the first two ranks (the first may hold a layer less for the embedding) or on
+    the last (the logits)."""
+    pp = ctx.plan.layout.pp
+    ranks = sorted({0, min(1, pp - 1), pp - 1})
+    return max((rank_memory(ctx, r) for r in ranks), key=lambda m: m.total)
+
+
+def predict_memory(plan: Plan, *, sharding: str = "recipe", config: dict | None = None,
+                   **kwargs) -> MemoryPrediction:
+    """Peak memory per GPU on the most loaded pipeline rank.
+
+    `sharding`: 'recipe' (what the plan's recipe ran under), 'distributed_optimizer' or
+    'fsdp' (trainbench's engine). Works without a device description (capacity None).
+    """
+    ctx = make_context(plan, sharding=sharding, config=config, need_device=False, **kwargs)
+    return memory_from_context(ctx)
+
+
+def tensor_bytes(plan: Plan) -> float:
+    """Bytes of tensors a run of trainbench's engine allocates at its peak, without the
+    fragmentation and buffer allowance: what a CPU run's allocator statistics measure.
+
+    For the check against a tiny CPU run (issue 9: within 25%) once the engine exists.
+    """
+    m = predict_memory(plan, sharding=FSDP)
+    return m.total - m.allowance
+
+
+def fits(plan: Plan, *, config: dict | None = None) -> tuple[bool, str]:
+    """Whether the plan fits the GPU's memory under trainbench's engine (FSDP2), and one
+    line saying why. A device without a known memory (CPU) always 'fits'."""
+    try:
+        m = predict_memory(plan, sharding=FSDP, config=config)
+    except (LookupError, ValueError) as err:
+        return True, f"memory not checked: {err}"
+    if m.capacity is None:
+        return True, (f"predicted peak {m.total_gib:.1f} GiB per rank; no memory limit known "
+                      f"for {plan.gpu_type}")
+    cap = m.capacity / GIB
+    if m.fits:
+        return True, f"predicted peak {m.total_gib:.1f} GiB of {cap:.1f} GiB usable per GPU"
+    parts = m.parts_gib()
+    worst = max(parts, key=parts.get)
+    return False, (f"predicted peak {m.total_gib:.1f} GiB exceeds the {cap:.1f} GiB usable on "
+                   f"{plan.gpu_type} (largest part: {worst} {parts[worst]:.1f} GiB); try more "
+                   "tp/pp/cp, a smaller mbs or --set recompute=full")

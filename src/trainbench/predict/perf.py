@@ -1,0 +1,314 @@
+"""Step time of a plan on a GPU type, with a breakdown of where the time goes.
+
+One microbatch on one pipeline rank costs its layers' compute (GEMMs at a shape-dependent
+efficiency of the dtype's peak, flash attention and the Mamba scan at the BF16 peak,
+memory-bound kernels at the HBM bandwidth) plus the exposed part of its tensor-parallel,
+context-parallel and pipeline communication. A step is `m` microbatches on the slowest
+rank, the pipeline bubble, the exposed data-parallel / FSDP communication and the
+optimizer step. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .. import flops as fl
+from .. import metrics
+from ..plan import Plan
+from .comm import (all_gather_s, all_reduce_s, crosses_domains, p2p_s, reduce_scatter_s,
+                   ring_latency_s)
+from .constants import Constants
+from .context import DISTRIBUTED_OPTIMIZER, Context, make_context
+from .device import Device
+from .memory import MemoryPrediction, memory_from_context
+from .work import LayerWork, Linear
+
+PARTS = ("compute", "tp_comm", "cp_comm", "pp_p2p", "bubble", "dp_comm", "optimizer")
+PART_LABELS = {
+    "compute": "compute",
+    "tp_comm": "TP/SP collectives (exposed)",
+    "cp_comm": "CP K/V exchange (exposed)",
+    "pp_p2p": "PP point-to-point (exposed)",
+    "bubble": "pipeline bubble",
+    "dp_comm": "DP/FSDP collectives (exposed)",
+    "optimizer": "optimizer step",
+}
+COMPUTE_PARTS = ("gemm", "attention", "scan", "memory_bound", "overhead", "recompute",
+                 "overlap_slowdown")
+
+# Megatron-LM's DDP buckets gradients in groups of about 40M parameters.
+DP_BUCKET_PARAMS = 40e6
+# Adam step per parameter of the local shard: read and write fp32 master weight and two
+# moments (24 B), read the gradient and write the bf16 weight (4 B).
+OPTIMIZER_BYTES_PER_PARAM = 28.0
+
+
+def gemm_efficiency(c: Constants, fp8: bool, lin: Linear) -> float:
+    """Achieved fraction of peak for one GEMM: the large-matrix efficiency times a
+    fall-off for the smallest dimension, d / (d + d_half) (wave quantisation and the
+    memory-bound regime of thin matrices; Williams et al. 2009, the roofline model)."""
+    d = min(lin.m, lin.k, lin.n)
+    return (c.gemm_eff_fp8 if fp8 else c.gemm_eff_bf16) * d / (d + c.gemm_half_dim)
+
+
+def attention_efficiency(c: Constants, seq_len: int) -> float:
+    """Flash attention's fraction of the BF16 peak: rises with the sequence each kernel
+    sees, L / (L + L_half) (FlashAttention-2, Dao 2023, benchmarks by sequence length)."""
+    return c.attn_eff * seq_len / (seq_len + c.attn_half_len)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds for one layer and one microbatch on one GPU."""
+    gemm: float
+    attention: float
+    scan: float
+    memory_bound: float
+    overhead: float
+    recompute: float
+    tp_comm: float
+    """Raw time of the tensor-parallel collectives (before overlap)."""
+    cp_comm: float
+
+    @property
+    def compute(self) -> float:
+        return (self.gemm + self.attention + self.scan + self.memory_bound + self.overhead
+                + self.recompute)
+
+
+def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
+    c, dev, plan = ctx.constants, ctx.device, ctx.plan
+    bf16 = dev.peak("bf16") * 1e12
+    # Roofline (Williams et al. 2009): FLOPs over the achieved rate, bytes over the achieved
+    # bandwidth. GEMMs at the dtype's peak; flash attention and the Mamba-2 scan (Dao & Gu
+    # 2024) stay BF16 in the FP8 recipes (Transformer Engine casts only linear layers).
+    gemm = 0.0
+    for lin in lw.linears:
+        fp8 = lin.fp8 and plan.dtype == "fp8"
+        peak = dev.peak("fp8" if fp8 else plan.dtype) * 1e12
+        gemm += lin.flops / (peak * gemm_efficiency(c, fp8, lin))
+    attention = (lw.attn_flops / (bf16 * attention_efficiency(c, lw.attn_len))
+                 if lw.attn_flops else 0.0)
+    scan = lw.scan_flops / (bf16 * c.scan_eff) if lw.scan_flops else 0.0
+    memory_bound = lw.hbm_bytes / (dev.hbm_tbs * 1e12 * c.hbm_eff)
+    overhead = c.layer_overhead_us * 1e-6
+    # Per sequence-parallel region: an all-gather and a reduce-scatter forward, and again
+    # backward (four of each per transformer layer, Korthikanti et al. 2022). FP8 recipes
+    # gather the FP8-cast input (Transformer Engine's communication overlap), half the bytes.
+    in_block = lw.kind in ("attention", "mlp", "mamba")
+    gather_scale = 0.5 if plan.dtype == "fp8" and in_block else 1.0
+    passes = 2 if in_block else 1
+    tp = passes * sum(all_gather_s(gather_scale * size, ctx.groups.tp, dev)
+                      + reduce_scatter_s(size, ctx.groups.tp, dev) for size in lw.tp_gather_bytes)
+    if lw.kind == "head" and plan.layout.tp > 1:
+        # Vocabulary-parallel cross-entropy: all-reduces of the max, the sum and the target
+        # logit per token (Megatron-LM), small and latency-bound.
+        tp += 3 * all_reduce_s(4.0 * ctx.shape.tokens, ctx.groups.tp, dev)
+    cp = 0.0
+    if lw.cp_kv_bytes:
+        steps = plan.layout.cp - 1
+        crosses = crosses_domains(ctx.groups.cp, dev.nvlink_domain)
+        # K/V pass around the ring in the forward; K/V and their gradients in the backward
+        # (Megatron-LM context parallelism, Liu et al. 2023 "Ring Attention").
+        cp = 3 * steps * p2p_s(lw.cp_kv_bytes / steps, crosses, dev)
+    recompute = 0.0
+    if plan.recompute == "full" and lw.kind not in ("embedding", "head"):
+        # The forward runs again before the backward (Chen et al. 2016, "Training Deep Nets
+        # with Sublinear Memory Cost"): a third of the FLOPs, the forward share of the
+        # memory-bound work and the forward's collectives.
+        recompute = (gemm + attention + scan) / 3 + 0.4 * memory_bound + overhead / 3 + tp / 2
+    elif plan.recompute == "selective" and lw.kind == "attention":
+        recompute = attention / 3  # core attention's forward again (Korthikanti et al. 2022)
+    return LayerTime(gemm=gemm, attention=attention, scan=scan, memory_bound=memory_bound,
+                     overhead=overhead, recompute=recompute, tp_comm=tp, cp_comm=cp)
+
+
+@dataclass
+class RankTime:
+    """Seconds one pipeline rank spends per microbatch, by part."""
+    parts: dict[str, float] = field(default_factory=dict)
+    compute_parts: dict[str, float] = field(default_factory=dict)
+    params: float = 0.0
+    units: int = 0
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def rank_time(ctx: Context, rank: int, times: dict[str, LayerTime]) -> RankTime:
+    c, dev, lay = ctx.constants, ctx.device, ctx.plan.layout
+    rt = RankTime(parts={k: 0.0 for k in ("compute", "tp_comm", "cp_comm", "pp_p2p")},
+                  compute_parts={k: 0.0 for k in COMPUTE_PARTS})
+    hidden = 0.0
+    for chunk in ctx.rank_counts[rank]:
+        for kind, n in chunk.items():
+            lt = times[kind]
+            for part in ("gemm", "attention", "scan", "memory_bound", "overhead", "recompute"):
+                rt.compute_parts[part] += n * getattr(lt, part)
+            rt.parts["tp_comm"] += n * (1 - c.tp_overlap) * lt.tp_comm
+            rt.parts["cp_comm"] += n * (1 - c.cp_overlap) * lt.cp_comm
+            hidden += n * (c.tp_overlap * lt.tp_comm + c.cp_overlap * lt.cp_comm)
+            rt.params += n * ctx.work[kind].params
+            if kind != "mlp" or ctx.plan.model.is_hybrid:
+                rt.units += n  # FSDP units: blocks, hybrid layers, embedding, head
+    if lay.pp > 1:
+        act = ctx.shape.tokens / lay.tp * ctx.plan.model.hidden * ctx.shape.act_bytes
+        crosses = crosses_domains(ctx.groups.pp, dev.nvlink_domain)
+        # Each virtual stage sends its output forward and its input gradient backward
+        # (Narayanan et al. 2021; sequence-parallel activations, tokens/tp x hidden).
+        p2p = 2 * len(ctx.ranks[rank]) * p2p_s(act, crosses, dev)
+        rt.parts["pp_p2p"] = (1 - c.pp_overlap) * p2p
+        hidden += c.pp_overlap * p2p
+    # NCCL kernels take SMs and HBM bandwidth while they overlap compute (NCCL docs,
+    # NCCL_MAX_CTAS / channels): hidden communication still slows compute a little.
+    rt.compute_parts["overlap_slowdown"] = c.comm_slowdown * hidden
+    rt.parts["compute"] = sum(rt.compute_parts.values())
+    return rt
+
+
+def _exposed(comm: float, window: float, pieces: int, c: Constants) -> tuple[float, float]:
+    """(exposed, hidden) seconds of communication overlapped with a compute window: what
+    exceeds the window shows, and the last of `pieces` buckets can never hide."""
+    if comm <= 0:
+        return 0.0, 0.0
+    exposed = max(comm - c.dp_overlap * window, comm / max(pieces, 1))
+    return exposed, comm - exposed
+
+
+def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, float]:
+    """(exposed, hidden) seconds per step of gradient reduction and weight gathering."""
+    dev, plan, c = ctx.device, ctx.plan, ctx.constants
+    g = ctx.groups
+    wbytes = ctx.shape.act_bytes  # bf16 weights and gradients (fp32 runs: 4 B)
+    if ctx.sharding == DISTRIBUTED_OPTIMIZER:
+        if g.dp_cp.size == 1:
+            return 0.0, 0.0
+        # Megatron-LM's bucket: max(40M, 1M x data-parallel size) parameters.
+        buckets = max(1, round(rt.params / max(DP_BUCKET_PARAMS, 1e6 * g.dp_cp.size)))
+        extra_latency = (buckets - 1) * ring_latency_s(g.dp_cp.size, dev, c)
+        rs = reduce_scatter_s(wbytes * rt.params, g.dp_cp, dev) + extra_latency
+        ag = all_gather_s(wbytes * rt.params, g.dp_cp, dev) + extra_latency
+        # Gradients reduce while the last microbatch runs backward; weights gather while
+        # the first one runs forward (Megatron-LM overlap_grad_reduce / overlap_param_gather).
+        e_rs, h_rs = _exposed(rs, 2 / 3 * t_mb, buckets, c)
+        e_ag, h_ag = _exposed(ag, 1 / 3 * t_mb, buckets, c)
+        return e_rs + e_ag, h_rs + h_ag
+    # FSDP: every unit gathers its weights for the forward and again for the backward and
+    # reduce-scatters fp32 gradients, each microbatch (FSDP2's default with accumulation).
+    if g.fsdp.size == 1 and g.replicas.size == 1:
+        return 0.0, 0.0
+    units = max(rt.units, 1)
+    extra_latency = (units - 1) * ring_latency_s(g.fsdp.size, dev, c)
+    ag = all_gather_s(wbytes * rt.params, g.fsdp, dev) + extra_latency if g.fsdp.size > 1 else 0.0
+    rs = reduce_scatter_s(4.0 * rt.params, g.fsdp, dev) + extra_latency if g.fsdp.size > 1 else 0.0
+    e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
+    e_b, h_b = _exposed(ag + rs, 2 / 3 * t_mb, units, c)
+    exposed, hidden = (e_f + e_b) * ctx.microbatches, (h_f + h_b) * ctx.microbatches
+    if g.replicas.size > 1:
+        # HSDP: the shard's gradients are all-reduced across replicas once per step.
+        ar = all_reduce_s(4.0 * rt.params / g.fsdp.size, g.replicas, dev)
+        e, h = _exposed(ar, 2 / 3 * t_mb, units, c)
+        exposed, hidden = exposed + e, hidden + h
+    return exposed, hidden
+
+
+def optimizer_time(ctx: Context, rt: RankTime) -> float:
+    """Adam over the local shard, memory-bound (Kingma & Ba 2015; 28 B per parameter)."""
+    lay = ctx.plan.layout
+    shard = lay.dp * lay.cp if ctx.sharding == DISTRIBUTED_OPTIMIZER else ctx.groups.fsdp.size
+    nbytes = OPTIMIZER_BYTES_PER_PARAM * rt.params / shard
+    return nbytes / (ctx.device.hbm_tbs * 1e12 * ctx.constants.hbm_eff)
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    step_time_s: float
+    breakdown: dict[str, float]
+    """Seconds per step by part (PARTS); they add up to the step time."""
+    compute_breakdown: dict[str, float]
+    """Seconds per step of the compute part, by kind of work."""
+    tokens_per_s: float
+    tflops_per_gpu: float
+    """Model TFLOPS per GPU under the published convention (the seeds' formula)."""
+    mfu: float
+    """Model FLOPs utilisation, published convention, as a fraction."""
+    mfu_causal: float
+    hardware_tflops_per_gpu: float
+    """FLOPs the GPU executes (causal count, recomputation included) per second."""
+    critical_rank: int
+    microbatches: int
+    bubble_fraction: float
+    memory: MemoryPrediction
+    sharding: str
+    device: str
+    constants: dict
+
+    @property
+    def shares(self) -> dict[str, float]:
+        return {k: v / self.step_time_s for k, v in self.breakdown.items()}
+
+    @property
+    def days_per_1t_tokens(self) -> float:
+        return metrics.days_to_train(self.tokens_per_s)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["memory"] = self.memory.to_dict()
+        data["shares"] = self.shares
+        return data
+
+
+def predict_from_context(ctx: Context, memory: MemoryPrediction | None = None
+                         ) -> StepPrediction:
+    if ctx.device is None:
+        raise LookupError(f"no device description for {ctx.plan.gpu_type}: cannot predict time")
+    plan, lay = ctx.plan, ctx.plan.layout
+    times = {kind: layer_time(lw, ctx) for kind, lw in ctx.work.items()}
+    ranks = [rank_time(ctx, r, times) for r in range(lay.pp)]
+    crit = max(range(lay.pp), key=lambda r: ranks[r].total)
+    rt = ranks[crit]
+    t_mb = rt.total
+    m = ctx.microbatches
+    # Pipeline bubble: (p-1)/m of the work for 1F1B, (p-1)/(m*v) interleaved
+    # (Narayanan et al. 2021).
+    bubble = (lay.pp - 1) / lay.vp * t_mb if lay.pp > 1 else 0.0
+    dp_exposed, dp_hidden = data_parallel_time(ctx, rt, t_mb)
+    optimizer = optimizer_time(ctx, rt)
+    slowdown = ctx.constants.comm_slowdown * dp_hidden
+    breakdown = {part: m * rt.parts[part] for part in ("compute", "tp_comm", "cp_comm", "pp_p2p")}
+    breakdown["compute"] += slowdown
+    breakdown.update(bubble=bubble, dp_comm=dp_exposed, optimizer=optimizer)
+    compute_parts = {k: m * v for k, v in rt.compute_parts.items()}
+    compute_parts["overlap_slowdown"] += slowdown
+    step = sum(breakdown.values())
+
+    published = fl.flops_per_sequence(plan.model, plan.seq_len, "published")
+    causal = fl.flops_per_sequence(plan.model, plan.seq_len, "causal")
+    peak = ctx.device.peak(plan.dtype)
+    recompute_factor = {"full": 4 / 3}.get(plan.recompute, 1.0)
+    return StepPrediction(
+        step_time_s=step, breakdown=breakdown, compute_breakdown=compute_parts,
+        tokens_per_s=metrics.tokens_per_second(plan.seq_len, plan.gbs, step),
+        tflops_per_gpu=metrics.tflops_per_gpu(plan.gbs, published, step, plan.gpus),
+        mfu=metrics.mfu(plan.gbs, published, step, plan.gpus, peak),
+        mfu_causal=metrics.mfu(plan.gbs, causal, step, plan.gpus, peak),
+        hardware_tflops_per_gpu=metrics.tflops_per_gpu(plan.gbs, causal * recompute_factor,
+                                                       step, plan.gpus),
+        critical_rank=crit, microbatches=m,
+        bubble_fraction=bubble / step, memory=memory or memory_from_context(ctx),
+        sharding=ctx.sharding, device=ctx.device.key, constants=dict(vars(ctx.constants)))
+
+
+def predict_step(plan: Plan, *, sharding: str = "recipe", config: dict | None = None,
+                 constants: Constants | None = None, device: Device | None = None
+                 ) -> StepPrediction:
+    """Predicted step time, throughput, MFU and memory of a plan on its GPU type.
+
+    `config`: the cluster config (calibration and bandwidth overrides); `constants` and
+    `device` replace what the config and catalog give (calibration uses this).
+    LookupError when the plan's device has no description (a CPU, an unknown GPU).
+    """
+    ctx = make_context(plan, sharding=sharding, config=config, constants=constants,
+                       device=device)
+    return predict_from_context(ctx)

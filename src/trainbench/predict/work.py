@@ -1,0 +1,253 @@
+"""The work one GPU does for one layer and one microbatch: GEMM shapes, non-GEMM FLOPs,
+memory-bound traffic, saved activations and parameters, under tensor, sequence and
+context parallelism.
+
+FLOP totals come from trainbench.flops (the causal convention: what the hardware runs);
+this module splits each layer into its linear layers (GEMMs, which run in FP8 in the FP8
+recipes) and the rest (flash attention, the Mamba-2 scan), then divides by the parallel
+degrees. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import flops as fl
+from ..catalog.models import ModelSpec
+
+KINDS = ("attention", "mlp", "mamba", "embedding", "head")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer as a GEMM of the forward pass on one GPU: (m x k) @ (k x n)."""
+    name: str
+    m: int
+    k: int
+    n: int
+    fp8: bool
+    """Runs in FP8 in an FP8 recipe (Transformer Engine layers; not the output head)."""
+
+    @property
+    def flops(self) -> float:
+        # Forward, input gradient and weight gradient: three GEMMs of 2*m*k*n FLOPs
+        # (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training", sec. 5.1).
+        return 6.0 * self.m * self.k * self.n
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """Work of one layer for one microbatch on one GPU, forward + backward."""
+    kind: str
+    linears: tuple[Linear, ...]
+    attn_flops: float = 0.0
+    """Flash-attention FLOPs (causal), forward + backward."""
+    attn_len: int = 0
+    """Sequence length each attention kernel sees (s / cp)."""
+    scan_flops: float = 0.0
+    """Mamba-2 SSD scan and causal convolution FLOPs, forward + backward."""
+    hbm_bytes: float = 0.0
+    """Traffic of memory-bound kernels (norms, activation functions, residual adds, RoPE,
+    FP8 casts), forward + backward."""
+    act_bytes: float = 0.0
+    """Activations kept from the forward for the backward (no recomputation)."""
+    input_bytes: float = 0.0
+    """The layer's input: all full recomputation keeps."""
+    attn_out_bytes: float = 0.0
+    """Flash attention's output and softmax statistics: what selective recompute drops."""
+    params: float = 0.0
+    """Parameters held on this GPU (after tensor parallelism)."""
+    tp_gather_bytes: tuple[float, ...] = field(default=())
+    """Gathered sizes of the sequence-parallel regions: a layer all-gathers its input and
+    reduce-scatters its output in the forward and again in the backward; the embedding
+    reduce-scatters forward and gathers backward, the head the reverse."""
+    cp_kv_bytes: float = 0.0
+    """K and V this GPU sends around the context-parallel ring in one forward pass."""
+
+    @property
+    def gemm_flops(self) -> float:
+        return sum(lin.flops for lin in self.linears)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Parallel degrees and sizes that decide per-GPU work."""
+    mbs: int
+    seq_len: int
+    tp: int
+    cp: int
+    act_bytes: int
+    """Bytes per activation element: 2 for bf16/fp8 recipes, 4 for fp32."""
+    fp8: bool
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one microbatch on one GPU of a context-parallel group."""
+        return self.mbs * self.seq_len // self.cp
+
+
+def attention_linears(m: ModelSpec, sh: Shape) -> tuple[Linear, ...]:
+    q_out, kv_out = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    # Column-parallel QKV, row-parallel output projection (Megatron-LM, Shoeybi et al. 2019).
+    return (Linear("qkv", sh.tokens, m.hidden, (q_out + 2 * kv_out) // sh.tp, sh.fp8),
+            Linear("out", sh.tokens, q_out // sh.tp, m.hidden, sh.fp8))
+
+
+def mlp_linears(m: ModelSpec, sh: Shape) -> tuple[Linear, ...]:
+    up = 2 * m.ffn if m.mlp == "swiglu" else m.ffn  # gate and up fused for SwiGLU
+    return (Linear("up", sh.tokens, m.hidden, up // sh.tp, sh.fp8),
+            Linear("down", sh.tokens, m.ffn // sh.tp, m.hidden, sh.fp8))
+
+
+def mamba_linears(m: ModelSpec, sh: Shape) -> tuple[Linear, ...]:
+    d_inner, gn = m.mamba_d_inner, m.mamba_groups * m.mamba_state
+    in_out = 2 * d_inner + 2 * gn + m.mamba_heads  # z, x, B, C, dt
+    return (Linear("in_proj", sh.tokens, m.hidden, in_out // sh.tp, sh.fp8),
+            Linear("out_proj", sh.tokens, d_inner // sh.tp, m.hidden, sh.fp8))
+
+
+def fp8_cast_bytes(linears: tuple[Linear, ...], tokens: int) -> float:
+    """FP8 quantisation traffic per linear: the input cast in the forward (read 2 B, write
+    1 B), the output-gradient cast and both transposes for the weight gradient in the
+    backward (Transformer Engine's FP8 recipe, Micikevicius et al. 2022): ~5 B per element
+    of input and output."""
+    return sum(5.0 * (lin.k + lin.n) * tokens for lin in linears if lin.fp8)
+
+
+def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
+    """Work of one layer of a kind ('attention', 'mlp', 'mamba', 'embedding', 'head')."""
+    t, tok, b = sh.tp, sh.tokens, sh.act_bytes
+    h = m.hidden
+    # Sequence parallelism keeps norms and residuals on tokens/tp (Korthikanti et al. 2022);
+    # per token, a norm reads x and writes y forward and reads x, dy and writes dx backward
+    # (5 h), a residual add reads two and writes one forward and passes the gradient on (4 h).
+    norm_residual = 9.0 * h * tok / t
+    # FP8 recipes keep a GEMM's input in FP8 (1 B): Transformer Engine saves the cast copy.
+    gb = 1 if sh.fp8 else b
+    # Layer input and norm output, kept on tokens/tp (the norm output is re-gathered for the
+    # weight gradient: four all-gathers and reduce-scatters per transformer layer).
+    norm_saved = h * tok / t * (b + gb)
+    input_bytes = h * tok / t * b
+    gather = float(tok * h * b)  # one sequence-parallel all-gather of the layer input
+
+    if kind == "attention":
+        lins = attention_linears(m, sh)
+        total = fl.attention_layer_flops_causal(m, sh.seq_len) * sh.mbs / (sh.cp * t)
+        gemm = sum(x.flops for x in lins)
+        q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+        rope = 4.0 * (q + kv) * tok / t if m.position_embedding == "rope" else 0.0
+        hbm = (norm_residual + rope) * b + fp8_cast_bytes(lins, tok)
+        # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
+        attn_out = (q * tok / t) * b + m.heads / t * tok * 4
+        act = norm_saved + (q + 2 * kv) * tok / t * b + attn_out
+        if sh.fp8:
+            act += q * tok / t  # the FP8 copy of the output, the out-projection's input
+        params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)
+        # Ring attention: each rank passes its K and V to the next, cp-1 times (Liu et al.
+        # 2023, "Ring Attention"; Megatron-LM context parallelism).
+        cp_kv = 2.0 * kv * tok / t * b * (sh.cp - 1)
+        return LayerWork(kind, lins, attn_flops=total - gemm, attn_len=sh.seq_len // sh.cp,
+                         hbm_bytes=hbm, act_bytes=act, input_bytes=input_bytes,
+                         attn_out_bytes=attn_out, params=params,
+                         tp_gather_bytes=(gather,) if t > 1 else (),
+                         cp_kv_bytes=cp_kv if sh.cp > 1 else 0.0)
+    if kind == "mlp":
+        lins = mlp_linears(m, sh)
+        f = m.ffn / t
+        # SwiGLU reads gate and up and writes the product forward (3 f), and reads both and
+        # the gradient and writes two gradients backward (5 f); squared ReLU: 2 f and 3 f.
+        act_fn = (8.0 if m.mlp == "swiglu" else 5.0) * f * tok
+        hbm = (norm_residual + act_fn) * b + fp8_cast_bytes(lins, tok)
+        # Kept: gate and up (SwiGLU) or the pre-activation (squared ReLU), and the
+        # activation's output, the down projection's input.
+        kept = ((2.0 if m.mlp == "swiglu" else 1.0) * b + gb) * f * tok
+        params = sum(x.k * x.n for x in lins) + (2 * h if m.norm == "layernorm1p" else h)
+        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=norm_saved + kept,
+                         input_bytes=input_bytes, params=params,
+                         tp_gather_bytes=(gather,) if t > 1 else ())
+    if kind == "mamba":
+        lins = mamba_linears(m, sh)
+        d_inner, gn, H = m.mamba_d_inner / t, m.mamba_groups * m.mamba_state / t, m.mamba_heads / t
+        total = fl.mamba_layer_flops(m, sh.seq_len) * sh.mbs / (sh.cp * t)
+        gemm = sum(x.flops for x in lins)
+        conv_ch = d_inner + 2 * gn
+        # Causal conv + SiLU over x, B, C (read, write forward; 3x backward) and the gated
+        # RMSNorm over d_inner (y, z in, out; about 10 d_inner both passes).
+        hbm = (norm_residual + 8.0 * conv_ch * tok + 10.0 * d_inner * tok) * b
+        hbm += fp8_cast_bytes(lins, tok)
+        # The SSD scan passes fp32 chunk states (H x P x N per chunk of Q tokens) between its
+        # kernels through HBM: written and read by chunk-state, state-passing and chunk-scan
+        # forward, about twice that backward (Dao & Gu 2024, sec. 6-7): ~12 passes.
+        hbm += 12.0 * H * m.mamba_head_dim * m.mamba_state / m.mamba_chunk * 4.0 * tok
+        # Kept: in_proj output (z, xBC, dt) and the scan output y; the memory-efficient path
+        # (mamba_split_conv1d_scan_combined, which Megatron-LM trains with) recomputes the
+        # convolution and the gated norm in the backward. Plus fp32 dt and dA per head.
+        kept = (2 * d_inner + 2 * gn + H + d_inner) * tok * b + 2 * H * tok * 4
+        params = (sum(x.k * x.n for x in lins) + conv_ch * (m.mamba_conv_kernel + 1)
+                  + 3 * H + d_inner + h)
+        return LayerWork(kind, lins, scan_flops=total - gemm, hbm_bytes=hbm,
+                         act_bytes=norm_saved + kept, input_bytes=input_bytes, params=params,
+                         tp_gather_bytes=(gather,) if t > 1 else ())
+    if kind == "embedding":
+        # A vocabulary-parallel lookup (Shoeybi et al. 2019): no FLOPs; the output is
+        # reduce-scattered to the sequence-parallel layout; backward scatters gradients into
+        # the table (fp32): read and write h per token each way.
+        params = m.vocab_size * h / t
+        return LayerWork(kind, (), hbm_bytes=(2.0 * b + 2.0 * 4) * h * tok, params=params,
+                         act_bytes=0.0, tp_gather_bytes=(gather,) if t > 1 else ())
+    if kind == "head":
+        lins = (Linear("output", tok, h, m.vocab_size // t, False),)
+        logits = tok * m.vocab_size / t
+        # Cross-entropy over vocabulary-parallel logits: write bf16 logits, read them into
+        # an fp32 softmax, write the fp32 gradient, cast it back (about 16 B per logit).
+        hbm = 16.0 * logits + 5.0 * h * tok / t * b
+        params = m.vocab_size * h / t + (2 * h if m.norm == "layernorm1p" else h)
+        # The final norm's input and output (the head stays in BF16).
+        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=2.0 * h * tok / t * b,
+                         params=params, input_bytes=input_bytes,
+                         tp_gather_bytes=(gather,) if t > 1 else ())
+    raise ValueError(f"unknown layer kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+
+def logits_bytes(m: ModelSpec, sh: Shape) -> float:
+    """Peak memory of the loss on the last stage: bf16 logits (2 B), the fp32 softmax kept
+    for the backward (4 B) and the fp32 gradient it becomes (4 B) per logit (Megatron-LM's
+    vocabulary-parallel cross-entropy)."""
+    return 10.0 * sh.tokens * m.vocab_size / sh.tp
+
+
+def block_kinds(m: ModelSpec) -> list[tuple[str, ...]]:
+    """The model's pipeline units in order: a transformer block is (attention, mlp); each
+    character of a hybrid pattern is one unit."""
+    if m.is_hybrid:
+        names = {"M": "mamba", "*": "attention", "-": "mlp"}
+        return [(names[c],) for c in m.pattern]
+    return [("attention", "mlp")] * m.layers
+
+
+def pipeline_chunks(m: ModelSpec, pp: int, vp: int) -> list[list[str]]:
+    """Layer kinds of each virtual pipeline stage (pp * vp of them, in model order).
+
+    Layers divide evenly over the stages, the embedding joining the first and the head
+    the last; otherwise NeMo counts the embedding and the loss as one layer each
+    (Llama 3.1 405B: 126 + 2 = 128 = PP8 x VP8 x 2). Anything else is split as evenly as
+    possible (plan validation normally rejects it).
+    """
+    units = block_kinds(m)
+    stages = pp * vp
+    n = len(units)
+    if n % stages == 0 or (n + 2) % stages != 0:
+        bounds = [round(i * n / stages) for i in range(stages + 1)]
+        chunks = [[k for u in units[bounds[i]:bounds[i + 1]] for k in u] for i in range(stages)]
+        chunks[0].insert(0, "embedding")
+        chunks[-1].append("head")
+        return chunks
+    seq: list[tuple[str, ...]] = [("embedding",)] + units + [("head",)]
+    per = (n + 2) // stages
+    return [[k for u in seq[i * per:(i + 1) * per] for k in u] for i in range(stages)]
+
+
+def rank_chunks(chunks: list[list[str]], pp: int) -> list[list[list[str]]]:
+    """Virtual stages held by each pipeline rank: rank r holds r, r + pp, r + 2 pp, ...
+    (the interleaved schedule of Narayanan et al. 2021)."""
+    return [chunks[r::pp] for r in range(pp)]

@@ -1,0 +1,146 @@
+"""`trainbench predict`: JSON output, errors, --search and the --calibrate round trip."""
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainbench.cli import app
+from trainbench.engine.log import StepMetrics
+from trainbench.plan import build_plan
+from trainbench.predict.perf import predict_step
+
+runner = CliRunner()
+
+JSON_KEYS = {"step_time_s", "tokens_per_s", "mfu", "memory_gib", "fits", "breakdown",
+             "compute_breakdown_s", "memory_breakdown_gib", "tflops_per_gpu", "mfu_convention",
+             "layout", "constants", "constants_source"}
+
+
+@pytest.fixture(autouse=True)
+def cluster_config(tmp_path, monkeypatch):
+    path = tmp_path / "cluster.yaml"
+    monkeypatch.setenv("TRAINBENCH_CONFIG", str(path))
+    return path
+
+
+def invoke(*args):
+    return runner.invoke(app, ["predict", *args])
+
+
+def test_json_output_has_the_documented_keys():
+    res = invoke("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8",
+                 "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert JSON_KEYS <= set(data)
+    assert data["fits"] is True and data["constants_source"] == "defaults"
+    assert set(data["breakdown"]) == {"compute", "tp_comm", "cp_comm", "pp_p2p", "bubble",
+                                      "dp_comm", "optimizer"}
+    assert sum(v["seconds"] for v in data["breakdown"].values()) == pytest.approx(
+        data["step_time_s"])
+    assert data["published_step_time_s"] == 12.27
+    assert abs(data["error_vs_published"]) < 0.2
+
+
+def test_table_output_and_set_overrides():
+    res = invoke("-w", "pretrain_llama3.1", "-s", "70b", "--dtype", "bf16", "--scale", "64",
+                 "--set", "pp=8 vp=5 cp=1")
+    assert res.exit_code == 0, res.output
+    assert "TP4 PP8 CP1 DP2 VP5" in res.stdout and "pipeline bubble" in res.stdout
+    assert "(published 14.66 s" not in res.stdout  # not the recipe's own plan any more
+
+
+@pytest.mark.parametrize("args,message", [
+    (("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16"), "needs --scale"),
+    (("-w", "nope", "-s", "8b", "--dtype", "bf16", "--scale", "8"), "unknown workload"),
+    (("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8", "--set", "tp"),
+     "KEY=VALUE"),
+    (("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8", "--gpu", "cpu"),
+     "CPU"),
+    (("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8", "--format",
+      "xml"), "--format"),
+    (("--calibrate", "/nonexistent/dir"), "not a directory"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, message):
+    res = invoke(*args)
+    assert res.exit_code == 2
+    assert res.stderr.startswith("trainbench: error:") and message in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in res.output
+
+
+def test_search_json_lists_ranked_layouts_with_reasons():
+    res = invoke("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8",
+                 "--search", "--top", "3", "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert len(data["top"]) == 3
+    assert [c["rank"] for c in data["top"]] == [1, 2, 3]
+    times = [c["step_time_s"] for c in data["top"]]
+    assert times == sorted(times)
+    assert all(c["why"] for c in data["top"])
+    assert data["recipe_layout_rank"] == 1
+
+
+def write_run(root, name, plan, step_time_s, steps=20):
+    """An experiment directory as the engine writes it: plan.json and metrics.jsonl, with
+    slow warm-up steps and a slow last step outside the seeds' window."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "plan.json").write_text(plan.to_json())
+    lines = []
+    for it in range(steps):
+        t = step_time_s * (3.0 if it < 2 or it == steps - 1 else 1.0)
+        lines.append(StepMetrics(iteration=it, total_iterations=steps, lr=1e-4,
+                                 global_batch_size=plan.gbs, loss=10.0, grad_norm=1.0,
+                                 step_time_s=t, tflops_per_gpu=0.0, tokens_per_s=0.0,
+                                 peak_memory_bytes=0, memory_allocated_bytes=0,
+                                 consumed_samples=plan.gbs * (it + 1), time=1.0 + it).to_json())
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_calibration_round_trip(tmp_path, cluster_config):
+    # A cluster whose GEMMs run 30% slower than the defaults assume.
+    cluster_config.write_text(yaml.safe_dump({"slurm": {"partition": "batch"},
+                                              "bandwidth": {"h100": {"network_gbs": 45}}}))
+    runs = tmp_path / "experiments"
+    cells = [("pretrain_llama3.1", "8b", "bf16", 8), ("pretrain_llama3.1", "8b", "bf16", 16),
+             ("pretrain_nemotron4", "15b", "bf16", 16)]
+    measured = {}
+    for i, (w, s, d, g) in enumerate(cells):
+        plan = build_plan(w, s, d, g, "h100")
+        # trainbench's engine shards with FSDP2: the model predicts its runs that way.
+        measured[(w, s, g)] = 1.3 * predict_step(plan, sharding="fsdp").step_time_s
+        write_run(runs, f"run{i}", plan, measured[(w, s, g)])
+    (runs / "broken").mkdir()
+    (runs / "broken" / "plan.json").write_text("{not json")
+
+    res = invoke("--calibrate", str(runs), "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    cal = data["calibrations"][0]
+    assert cal["gpu"] == "h100" and cal["runs"] == 3
+    assert cal["mean_abs_error_pct_before"] == pytest.approx(100 * (1 - 1 / 1.3), rel=0.01)
+    assert cal["mean_abs_error_pct_after"] < 3.0
+    assert len(data["skipped"]) == 1
+
+    stored = yaml.safe_load(cluster_config.read_text())
+    assert stored["slurm"] == {"partition": "batch"}  # other subsystems' keys untouched
+    assert stored["bandwidth"] == {"h100": {"network_gbs": 45}}
+    entry = stored["calibration"]["h100"]
+    assert entry["_runs"] == 3 and set(cal["fitted"]) <= set(entry)
+
+    res = invoke("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8",
+                 "--sharding", "fsdp", "--format", "json")
+    data = json.loads(res.stdout)
+    assert data["constants_source"] == "calibrated" and data["sharding"] == "fsdp"
+    assert data["step_time_s"] == pytest.approx(measured[("pretrain_llama3.1", "8b", 8)],
+                                                rel=0.03)
+
+
+def test_calibrate_with_no_runs_fails_cleanly(tmp_path, cluster_config):
+    res = invoke("--calibrate", str(tmp_path))
+    assert res.exit_code == 2 and "no measured GPU runs" in res.stderr
+    assert not cluster_config.exists()  # nothing written

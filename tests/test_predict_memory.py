@@ -1,0 +1,137 @@
+"""The memory model against the seeds' statements and its own formulas."""
+
+import pytest
+
+from trainbench.catalog.models import parameter_count
+from trainbench.plan import build_plan
+from trainbench.predict.device import GIB
+from trainbench.predict.memory import fits, in_flight_chunks, predict_memory, tensor_bytes
+
+
+def plan(workload, size, dtype, scale, **overrides):
+    return build_plan(workload, size, dtype, scale, "h100", overrides=overrides)
+
+
+def test_llama31_8b_at_8_gpus_matches_the_seed_log_line():
+    # Seed 002's log line (Llama 3.1 8B, 8 GPUs): peak_memory_usage 70833405952,
+    # memory_allocated 44271689728 bytes.
+    m = predict_memory(plan("pretrain_llama3.1", "8b", "bf16", 8))
+    assert m.fits
+    assert m.total == pytest.approx(70833405952, rel=0.03)  # stated tolerance: 3%
+    # Between steps only model state is allocated: bf16 weights and gradients (2 + 2 B) and
+    # the fp32 master copy and Adam moments (12 B) over DP x CP = 8 (distributed optimizer).
+    assert m.weights + m.gradients + m.optimizer == pytest.approx(44271689728, rel=0.01)
+
+
+def test_nemotron4_15b_at_64_gpus_matches_the_seed_log_line():
+    # Seed 003's log line (GBS 256: 15B on 64 GPUs): peak 72972500992, allocated 34466545664.
+    m = predict_memory(plan("pretrain_nemotron4", "15b", "bf16", 64))
+    assert m.fits
+    assert m.total == pytest.approx(72972500992, rel=0.05)  # stated tolerance: 5%
+    assert m.weights + m.gradients + m.optimizer == pytest.approx(34466545664, rel=0.02)
+
+
+def test_405b_does_not_fit_below_its_minimum_scale():
+    # Seed 002: 405B runs from 512 GPUs (TP8 PP8 CP2 VP8); the same layout on fewer GPUs
+    # (smaller DP, so less sharded optimizer state) must not fit an 80 GB H100.
+    assert predict_memory(plan("pretrain_llama3.1", "405b", "bf16", 512)).fits
+    for scale, gbs in ((256, 128), (128, 64)):
+        m = predict_memory(plan("pretrain_llama3.1", "405b", "bf16", scale,
+                                tp=8, pp=8, cp=2, vp=8, gbs=gbs))
+        assert not m.fits, scale
+    # And its proxies fit where the seed runs them.
+    assert predict_memory(plan("pretrain_llama3.1", "405b-proxy", "bf16", 32)).fits
+
+
+@pytest.mark.parametrize("workload,size,dtype,scale", [
+    ("pretrain_llama3.1", "70b", "bf16", 64), ("pretrain_llama3.1", "70b", "fp8", 64),
+    ("pretrain_llama3.1", "405b", "fp8", 512), ("pretrain_nemotron4", "15b", "fp8", 16),
+    ("pretrain_nemotronh", "56b", "fp8", 32)])
+def test_seed_runs_fit_at_their_smallest_scale(workload, size, dtype, scale):
+    assert predict_memory(plan(workload, size, dtype, scale)).fits
+
+
+def test_maxtext_llama2_needs_recomputation():
+    # 70B at MBS 2 x 4096 tokens without recomputation keeps ~170 GiB of activations.
+    assert not predict_memory(plan("pretrain_llama2", "70b", "bf16", 64)).fits
+    assert predict_memory(plan("pretrain_llama2", "70b", "bf16", 64, recompute="full")).fits
+
+
+def test_model_state_bytes_per_parameter():
+    # ZeRO (Rajbhandari et al. 2020): mixed-precision Adam 2 + 2 + 12 B per parameter;
+    # the distributed optimizer divides the 12 B by DP x CP, FSDP divides all 16 B.
+    p = plan("pretrain_llama3.1", "8b", "bf16", 8)
+    n = parameter_count(p.model)
+    dist = predict_memory(p, sharding="distributed_optimizer")
+    assert dist.weights == pytest.approx(2 * n) and dist.gradients == pytest.approx(2 * n)
+    assert dist.optimizer == pytest.approx(12 * n / 8)
+    fsdp = predict_memory(p, sharding="fsdp")
+    assert fsdp.weights + fsdp.gradients + fsdp.optimizer == pytest.approx(16 * n / 8)
+    assert fsdp.transient > 0  # gathered layers
+
+
+def test_in_flight_microbatches_follow_the_schedules():
+    # 1F1B: stage r holds p - r microbatches (Narayanan et al. 2021); interleaved: Megatron's
+    # warm-up (p - r - 1) * 2 + (v - 1) * p chunks, plus the running one.
+    assert in_flight_chunks(1, 1, 0, 32) == 1
+    assert in_flight_chunks(8, 1, 0, 16) == 8 and in_flight_chunks(8, 1, 7, 16) == 1
+    assert in_flight_chunks(8, 1, 0, 4) == 4
+    assert in_flight_chunks(4, 5, 0, 64) == 3 * 2 + 4 * 4 + 1
+    # About L * (1 + (p-1)/(p*v)) layers' worth on the first stage (Korthikanti et al. 2022).
+    p, v, layers = 8, 8, 128
+    per_chunk = layers // (p * v)
+    assert in_flight_chunks(p, v, 0, 64) * per_chunk == pytest.approx(
+        layers * (1 + (p - 1) / (p * v)), rel=0.02)
+
+
+def test_recomputation_shrinks_activations():
+    base = predict_memory(plan("pretrain_llama3.1", "70b", "bf16", 64))
+    sel = predict_memory(plan("pretrain_llama3.1", "70b", "bf16", 64, recompute="selective"))
+    full = predict_memory(plan("pretrain_llama3.1", "70b", "bf16", 64, recompute="full"))
+    assert full.activations < sel.activations < base.activations
+    assert full.activations < 0.1 * base.activations
+
+
+def test_fits_verdict_for_trainbench_run():
+    ok, why = fits(plan("pretrain_llama3.1", "8b", "bf16", 8))
+    assert ok and "GiB" in why
+    ok, why = fits(plan("pretrain_llama3.1", "405b", "bf16", 128, tp=8, pp=8, cp=2, vp=8, gbs=64,
+                        recompute="none", dp_shard=1))
+    assert not ok and "exceeds" in why
+    cpu = build_plan("pretrain_llama3.1", "tiny", "fp32", 1, "cpu")
+    ok, why = fits(cpu)
+    assert ok and "no memory limit" in why
+
+
+def test_tensor_bytes_of_a_tiny_cpu_run():
+    # What a tiny CPU run's allocator should report (the engine test compares within 25%).
+    p = build_plan("pretrain_llama3.1", "tiny", "fp32", 1, "cpu")
+    n = parameter_count(p.model)
+    b = tensor_bytes(p)
+    m = predict_memory(p, sharding="fsdp")
+    assert m.capacity is None and m.fits is None
+    assert b == pytest.approx(m.total - m.allowance)
+    assert b > 16 * n  # fp32 weights, gradients and Adam moments, plus activations
+    assert b < 1 * GIB
+
+
+def test_fp8_weight_cache_allowance_and_capacity():
+    from trainbench.predict.constants import Constants
+    from trainbench.predict.context import make_context
+    from trainbench.predict.memory import FP8_WEIGHT_CACHE_BYTES, rank_memory
+    bf16 = predict_memory(plan("pretrain_llama3.1", "8b", "bf16", 8))
+    fp8 = predict_memory(plan("pretrain_llama3.1", "8b", "fp8", 8))
+    m = plan("pretrain_llama3.1", "8b", "bf16", 8).model
+    linear = m.layers * (m.hidden * (m.heads + 2 * m.kv_heads) * m.head_dim
+                         + m.heads * m.head_dim * m.hidden + 3 * m.hidden * m.ffn)
+    # Transformer Engine keeps one FP8 copy of each FP8 weight across microbatches.
+    assert fp8.weights - bf16.weights == pytest.approx(FP8_WEIGHT_CACHE_BYTES * linear)
+    # Allowance: fragmentation on activations and logits, plus fixed buffers.
+    c = Constants()
+    assert bf16.allowance == pytest.approx(
+        c.fragmentation * (bf16.activations + bf16.logits) + c.buffers_gib * GIB)
+    # Usable: 99.5% of the nominal size (81559 MiB of an 80 GB H100) less the CUDA context.
+    assert bf16.capacity == pytest.approx((80 * 0.995 - c.context_gib) * GIB)
+    ctx = make_context(plan("pretrain_llama3.1", "70b", "bf16", 64))
+    last = rank_memory(ctx, 3)
+    assert last.logits > 0 and rank_memory(ctx, 0).logits == 0  # only the last stage has them

@@ -1,0 +1,205 @@
+"""The step-time model: its formulas, and its accuracy on the published reference cells."""
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from trainbench import flops as fl
+from trainbench import metrics
+from trainbench.plan import build_plan
+from trainbench.predict import perf
+from trainbench.predict.constants import Constants, constants_for
+from trainbench.predict.context import make_context
+from trainbench.predict.work import Linear
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plan(workload, size, dtype, scale, **overrides):
+    return build_plan(workload, size, dtype, scale, "h100", overrides=overrides)
+
+
+def test_gemm_efficiency_falls_off_for_thin_matrices():
+    # Roofline (Williams et al. 2009): eff = eff_max * d / (d + d_half), d the smallest dimension.
+    c = Constants(gemm_eff_bf16=0.7, gemm_eff_fp8=0.6, gemm_half_dim=100)
+    big = Linear("x", 8192, 8192, 8192, True)
+    thin = Linear("x", 8192, 8192, 100, True)
+    assert perf.gemm_efficiency(c, False, big) == pytest.approx(0.7 * 8192 / 8292)
+    assert perf.gemm_efficiency(c, True, thin) == pytest.approx(0.3)
+
+
+def test_attention_efficiency_rises_with_sequence_length():
+    # FlashAttention-2 (Dao 2023) benchmarks: throughput rises with sequence length.
+    c = Constants(attn_eff=0.4, attn_half_len=500)
+    assert perf.attention_efficiency(c, 500) == pytest.approx(0.2)
+    assert perf.attention_efficiency(c, 8192) > perf.attention_efficiency(c, 2048)
+
+
+def test_layer_time_is_flops_over_rate_plus_bytes_over_bandwidth():
+    p = plan("pretrain_llama3.1", "8b", "bf16", 8)
+    ctx = make_context(p)
+    lw = ctx.work["mlp"]
+    lt = perf.layer_time(lw, ctx)
+    c, dev = ctx.constants, ctx.device
+    gemm = sum(x.flops / (dev.peak("bf16") * 1e12 * perf.gemm_efficiency(c, False, x))
+               for x in lw.linears)
+    assert lt.gemm == pytest.approx(gemm)
+    assert lt.memory_bound == pytest.approx(lw.hbm_bytes / (dev.hbm_tbs * 1e12 * c.hbm_eff))
+    assert lt.tp_comm == 0.0 and lt.recompute == 0.0
+
+
+def test_sequence_parallel_layer_does_four_gathers_and_four_reduce_scatters():
+    # Korthikanti et al. 2022: 4 all-gathers and 4 reduce-scatters per transformer layer.
+    p = plan("pretrain_llama3.1", "70b", "bf16", 64)
+    ctx = make_context(p)
+    from trainbench.predict.comm import all_gather_s, reduce_scatter_s
+    size = ctx.shape.tokens * p.model.hidden * 2
+    one_pair = all_gather_s(size, ctx.groups.tp, ctx.device) + reduce_scatter_s(
+        size, ctx.groups.tp, ctx.device)
+    layer = (perf.layer_time(ctx.work["attention"], ctx).tp_comm
+             + perf.layer_time(ctx.work["mlp"], ctx).tp_comm)
+    assert layer == pytest.approx(4 * one_pair)
+    # FP8: Transformer Engine gathers the FP8-cast input (half the bytes), reduce-scatters BF16.
+    p8 = plan("pretrain_llama3.1", "70b", "fp8", 64)
+    c8 = make_context(p8)
+    size8 = c8.shape.tokens * p8.model.hidden * 2
+    pair8 = all_gather_s(size8 / 2, c8.groups.tp, c8.device) + reduce_scatter_s(
+        size8, c8.groups.tp, c8.device)
+    assert perf.layer_time(c8.work["mlp"], c8).tp_comm == pytest.approx(2 * pair8)
+
+
+def test_full_recompute_adds_a_forward_pass():
+    # Chen et al. 2016 / Korthikanti et al. 2022: full recomputation re-runs the forward,
+    # a third of forward + backward FLOPs.
+    p = plan("pretrain_llama3.1", "8b", "bf16", 8, recompute="full")
+    ctx = make_context(p)
+    lt = perf.layer_time(ctx.work["mlp"], ctx)
+    assert lt.recompute == pytest.approx(lt.gemm / 3 + 0.4 * lt.memory_bound + lt.overhead / 3)
+
+
+def test_pipeline_bubble_matches_the_1f1b_and_interleaved_formulas():
+    # Narayanan et al. 2021: bubble = (p-1)/m of the ideal time for 1F1B, (p-1)/(m*v)
+    # interleaved.
+    for vp in (1, 5):
+        p = plan("pretrain_llama3.1", "70b", "bf16", 64, vp=vp)
+        pred = perf.predict_step(p)
+        ctx = make_context(p)
+        times = {k: perf.layer_time(lw, ctx) for k, lw in ctx.work.items()}
+        slowest = max(perf.rank_time(ctx, r, times).total for r in range(p.layout.pp))
+        m, pp = p.ga, p.layout.pp
+        busy = m * slowest  # the steady state runs at the pace of the slowest stage
+        assert pred.breakdown["bubble"] / busy == pytest.approx((pp - 1) / (m * vp), rel=1e-9)
+
+
+def test_breakdown_adds_up_and_metrics_follow_the_seeds_formulas():
+    p = plan("pretrain_llama3.1", "405b", "fp8", 512)
+    pred = perf.predict_step(p)
+    assert sum(pred.breakdown.values()) == pytest.approx(pred.step_time_s)
+    assert sum(pred.shares.values()) == pytest.approx(1.0)
+    assert set(pred.breakdown) == set(perf.PARTS)
+    assert sum(pred.compute_breakdown.values()) == pytest.approx(pred.breakdown["compute"])
+    # tokens/s = seq * GBS / step; MFU = GBS * F / step / N / peak (seed 002).
+    assert pred.tokens_per_s == pytest.approx(p.seq_len * p.gbs / pred.step_time_s)
+    f = fl.flops_per_sequence(p.model, p.seq_len, "published")
+    assert pred.mfu == pytest.approx(metrics.mfu(p.gbs, f, pred.step_time_s, p.gpus, 1979))
+    assert 0 < pred.mfu_causal < pred.mfu < 1
+
+
+def test_exposed_communication_is_what_the_window_cannot_hide():
+    c = Constants(dp_overlap=0.9)
+    assert perf._exposed(1.0, 10.0, 4, c) == pytest.approx((0.25, 0.75))  # last bucket shows
+    assert perf._exposed(10.0, 5.0, 100, c) == pytest.approx((5.5, 4.5))
+    assert perf._exposed(0.0, 5.0, 1, c) == (0.0, 0.0)
+
+
+def test_optimizer_step_is_memory_bound_over_the_shard():
+    # Adam (Kingma & Ba 2015): read/write fp32 weight and two moments, read the gradient,
+    # write the bf16 weight: 28 B per parameter of the local shard.
+    p = plan("pretrain_llama3.1", "8b", "bf16", 8)
+    ctx = make_context(p)
+    times = {k: perf.layer_time(lw, ctx) for k, lw in ctx.work.items()}
+    rt = perf.rank_time(ctx, 0, times)
+    expected = 28 * rt.params / 8 / (ctx.device.hbm_tbs * 1e12 * ctx.constants.hbm_eff)
+    assert perf.optimizer_time(ctx, rt) == pytest.approx(expected)
+
+
+def test_more_efficient_hardware_is_faster_and_fp8_beats_bf16():
+    p = plan("pretrain_llama3.1", "70b", "bf16", 64)
+    base = perf.predict_step(p)
+    faster = perf.predict_step(p, constants=replace(constants_for("h100"), gemm_eff_bf16=0.9))
+    assert faster.step_time_s < base.step_time_s
+    fp8 = perf.predict_step(plan("pretrain_llama3.1", "70b", "fp8", 64, pp=4, cp=2))
+    assert fp8.step_time_s < base.step_time_s
+    h200 = perf.predict_step(build_plan("pretrain_llama3.1", "70b", "bf16", 64, "h200"))
+    assert h200.step_time_s < base.step_time_s  # same peak, faster HBM
+    assert h200.memory.capacity > base.memory.capacity
+
+
+def test_calibrated_constants_from_the_cluster_config_are_used():
+    p = plan("pretrain_llama3.1", "8b", "bf16", 8)
+    slow = perf.predict_step(p, config={"calibration": {"h100": {"gemm_eff_bf16": 0.35}}})
+    assert slow.step_time_s > perf.predict_step(p).step_time_s
+    assert slow.constants["gemm_eff_bf16"] == 0.35
+
+
+def test_cpu_plans_have_no_step_time_prediction():
+    with pytest.raises(LookupError, match="CPU"):
+        perf.predict_step(build_plan("pretrain_llama3.1", "tiny", "fp32", 1, "cpu"))
+
+
+def test_reference_cells_are_predicted_within_the_targets():
+    # bench/predict_accuracy.py: every published H100 cell, one set of constants.
+    spec = importlib.util.spec_from_file_location("predict_accuracy",
+                                                  ROOT / "bench" / "predict_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.predict_references(config={})
+    stats = bench.summary(rows)
+    assert stats["cells"] == 79
+    assert stats["mean_abs_error_pct"] <= 10.0
+    assert stats["max_abs_error_pct"] <= 20.0
+
+
+def test_data_parallel_buckets_and_fsdp_traffic():
+    from trainbench.predict.comm import reduce_scatter_s
+    # Megatron-LM: gradient buckets of max(40M, 1M x DP) parameters, reduce-scattered in bf16
+    # while the last microbatch runs backward.
+    p = plan("pretrain_nemotron4", "15b", "bf16", 2048)
+    ctx = make_context(p)
+    times = {k: perf.layer_time(lw, ctx) for k, lw in ctx.work.items()}
+    rt = perf.rank_time(ctx, 0, times)
+    buckets = round(rt.params / max(40e6, 1e6 * 1024))
+    assert 5 <= buckets <= 10
+    exposed, hidden = perf.data_parallel_time(ctx, rt, rt.total)
+    rs = reduce_scatter_s(2 * rt.params, ctx.groups.dp_cp, ctx.device)
+    assert exposed + hidden > 2 * rs  # reduce-scatter and all-gather, plus bucket latencies
+    # FSDP gathers weights forward and backward every microbatch: twice the microbatches,
+    # twice the traffic (the windows grow alike).
+    f1 = make_context(plan("pretrain_llama3.1", "8b", "bf16", 16, gbs=128), sharding="fsdp")
+    f2 = make_context(plan("pretrain_llama3.1", "8b", "bf16", 16, gbs=256), sharding="fsdp")
+    r1 = perf.rank_time(f1, 0, {k: perf.layer_time(lw, f1) for k, lw in f1.work.items()})
+    r2 = perf.rank_time(f2, 0, {k: perf.layer_time(lw, f2) for k, lw in f2.work.items()})
+    e1, h1 = perf.data_parallel_time(f1, r1, r1.total)
+    e2, h2 = perf.data_parallel_time(f2, r2, r2.total)
+    assert e2 + h2 == pytest.approx(2 * (e1 + h1))
+
+
+def test_pipeline_sends_and_overlap_slowdown():
+    # Each virtual stage sends its output forward and its input gradient backward: 2 v sends
+    # of tokens/tp x hidden activations per microbatch (Narayanan et al. 2021).
+    from trainbench.predict.comm import crosses_domains, p2p_s
+    p = plan("pretrain_llama3.1", "70b", "bf16", 64)
+    ctx = make_context(p)
+    times = {k: perf.layer_time(lw, ctx) for k, lw in ctx.work.items()}
+    rt = perf.rank_time(ctx, 0, times)
+    act = ctx.shape.tokens / 4 * p.model.hidden * 2
+    raw = 2 * 5 * p2p_s(act, crosses_domains(ctx.groups.pp, 8), ctx.device)
+    c = ctx.constants
+    assert rt.parts["pp_p2p"] == pytest.approx((1 - c.pp_overlap) * raw)
+    # Hidden communication slows compute by comm_slowdown per second hidden.
+    tp_raw = sum(n * times[k].tp_comm for chunk in ctx.rank_counts[0] for k, n in chunk.items())
+    cp_raw = sum(n * times[k].cp_comm for chunk in ctx.rank_counts[0] for k, n in chunk.items())
+    hidden = c.tp_overlap * tp_raw + c.cp_overlap * cp_raw + c.pp_overlap * raw
+    assert rt.compute_parts["overlap_slowdown"] == pytest.approx(c.comm_slowdown * hidden)

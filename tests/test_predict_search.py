@@ -1,0 +1,39 @@
+"""`--search`: enumerate layouts, drop what does not fit, rank by predicted step time."""
+
+from trainbench.predict.search import candidate_overrides, search
+
+
+def test_llama31_70b_bf16_on_64_h100_ranks_the_seed_layout_in_its_top_5():
+    # Seed 002: Llama 3.1 70B BF16 on 64 H100 runs TP4 PP4 CP2 VP5 MBS1.
+    result = search("pretrain_llama3.1", "70b", "bf16", 64, "h100")
+    assert result.recipe_key == (4, 4, 2, 5, 1, "none")
+    rank = result.layout_rank_of(result.recipe_key)
+    assert rank is not None and rank <= 5
+    # Every ranked layout is valid, fits with headroom and is sorted by step time.
+    times = [c.prediction.step_time_s for c in result.ranked]
+    assert times == sorted(times)
+    for cand in result.ranked:
+        mem = cand.prediction.memory
+        assert mem.total <= (1 - result.headroom) * mem.capacity
+        assert cand.plan.gbs == 128 and cand.plan.gpus == 64
+    assert result.not_fitting > 0 and result.invalid >= 0
+    best = result.best_per_layout()
+    families = [(c.plan.layout.tp, c.plan.layout.pp, c.plan.layout.cp, c.plan.mbs) for c in best]
+    assert len(families) == len(set(families))
+    assert best[0].why()
+
+
+def test_candidates_respect_heads_nodes_and_fixed_keys():
+    cands = candidate_overrides("pretrain_llama3.1", "8b", 16, "h100", {"cp": 2})
+    assert cands and all(c["cp"] == 2 for c in cands)
+    assert all(c["tp"] <= 8 and 8 % c["tp"] == 0 for c in cands)  # 8 KV heads, 8 GPUs a node
+    assert all(c["tp"] * c["pp"] * c["cp"] * c["dp"] == 16 for c in cands)
+    hybrid = candidate_overrides("pretrain_nemotronh", "56b", 32, "h100", {})
+    assert all(c["cp"] == 1 for c in hybrid)  # Mamba layers have no context parallelism
+
+
+def test_search_with_a_fixed_key_and_an_impossible_scale():
+    fixed = search("pretrain_llama3.1", "8b", "bf16", 8, "h100", overrides={"tp": 2})
+    assert fixed.ranked and all(c.plan.layout.tp == 2 for c in fixed.ranked)
+    none = search("pretrain_llama3.1", "405b", "bf16", 8, "h100", overrides={"gbs": 64})
+    assert none.ranked == [] and none.not_fitting > 0
