@@ -7,6 +7,7 @@ and a metrics.jsonl record.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -27,6 +28,7 @@ from ..plan import Plan
 from . import data
 from .log import StepMetrics, format_step_line
 from .optim import build_optimizer, lr_at
+from .parallel import clip_grad_norm_
 from .parallel.mesh import ParallelDims
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32}
@@ -44,6 +46,7 @@ class Trainer:
         self.compute_dtype = COMPUTE_DTYPES[plan.dtype]
         self.log_path = self.exp_dir / log_file_name(plan.name)
         self.step = 0  # steps completed (a loaded checkpoint advances it)
+        self.total_steps = plan.steps  # the last iteration + 1: a load adds its step
 
     # --- set-up --------------------------------------------------------------------------
 
@@ -71,13 +74,38 @@ class Trainer:
         self.dims.build_mesh(self.device.type)
 
     def build_model(self) -> None:
+        """Build on meta, cut into pipeline stages, parallelize and materialise each part.
+
+        `model_parts` holds this rank's modules: the whole model, or its pipeline stages
+        (VP of them with interleaving), whose parameters keep the full model's names.
+        `model` is the one module the optimizer sees: the only part, or a ModuleList of
+        the stages (whose own names gain a "0."/"1." prefix: checkpoint code should
+        iterate `model_parts`).
+        """
         from .models import build_model
         from .parallel import parallelize
         with torch.device("meta"):
             model = build_model(self.plan.model)
-        model = parallelize(model, self.plan, self.dims, self.compute_dtype)
-        self.model = self.materialize(model)
-        self.model.train()
+        if self.dims.pp_enabled:
+            from .parallel.pp import split_into_stages
+            stages = split_into_stages(model, self.plan, self.dims.coordinate("pp"))
+        else:
+            stages = [(0, model)]
+        self.model_parts = []
+        for _, part in stages:
+            part = self.materialize(parallelize(part, self.plan, self.dims, self.compute_dtype))
+            part.train()
+            self.model_parts.append(part)
+        self.model = (self.model_parts[0] if len(self.model_parts) == 1
+                      else torch.nn.ModuleList(self.model_parts))
+        self.pipeline = None
+        if self.dims.pp_enabled:
+            from .parallel.pp import build_schedule
+            indices = [index for index, _ in stages]
+            last = self.plan.layout.pp * self.plan.layout.vp - 1
+            self.has_first_stage, self.has_last_stage = 0 in indices, last in indices
+            self.pipeline = build_schedule(list(zip(indices, self.model_parts)), self.plan,
+                                           self.dims["pp"], self.device, self.loss_fn)
 
     def materialize(self, model: torch.nn.Module) -> torch.nn.Module:
         """Allocate the sharded parameters and initialise them.
@@ -103,6 +131,10 @@ class Trainer:
             wanted = set(model.state_dict().keys())
             full_sd = {k: v for k, v in full.state_dict().items() if _strip_wrappers(k) in
                        {_strip_wrappers(w) for w in wanted}}
+            if self.dims.tp_enabled:
+                # Parameters a TP plan stores in a blocked row order (Mamba in_proj).
+                from .parallel.tp import full_state_in_tp_order
+                full_sd = full_state_in_tp_order(model, full_sd, self.dims.tp)
             set_model_state_dict(model, full_sd,
                                  options=StateDictOptions(full_state_dict=True, strict=False))
         return model
@@ -126,6 +158,29 @@ class Trainer:
                      f"layout {self.plan.layout.describe()} MBS {self.plan.mbs} "
                      f"GBS {self.plan.gbs} GA {self.plan.ga}, {self.plan.dtype}, "
                      f"{self.plan.steps} steps")
+        self.setup_features()
+
+    def setup_features(self) -> None:
+        """Checkpointing (and the load that sets the first iteration), then tracing."""
+        from .checkpoint import Checkpointer
+        from .profiling import StepTracer
+        f = self.plan.features
+        self.checkpointer = Checkpointer(
+            self.model_parts, self.optimizer, self.device, self.exp_dir,
+            self.plan.layout.describe(), self.log,
+            identity={"workload": self.plan.workload, "size": self.plan.size,
+                      "model": self.plan.model.name, "experiment": self.plan.name})
+        if f.load_checkpoint:
+            # The loaded step counts: iterations continue from it for plan.steps more.
+            self.step = self.checkpointer.load(f.load_checkpoint)
+            self.total_steps = self.step + self.plan.steps
+            if self.rank == 0:  # results read the iterations a resumed run covers here
+                info = json.loads((self.exp_dir / RUN_FILE).read_text())
+                info.update(first_iteration=self.step, loaded_checkpoint=f.load_checkpoint)
+                (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
+        self.tracer = StepTracer(self.plan, self.rank, self.world_size, self.device,
+                                 self.exp_dir, self.dims, self.log, self.step,
+                                 self.total_steps - 1)
 
     def write_run_info(self) -> None:
         info = {
@@ -134,12 +189,16 @@ class Trainer:
             "peak_source": self.peak_source,
             "world_size": self.world_size,
             "layout": self.plan.layout.describe(),
+            "parallel": self.parallel_summary(),
             "backend": dist.get_backend(),
             "torch_version": torch.__version__,
             "hostname": socket.gethostname(),
             "start_time": time.time(),
             "flops_per_sequence": self.flops_per_seq,
             "flops_convention": "published",
+            # Profiled or traced timings are not valid for performance comparison.
+            "profiled": bool(self.plan.features.profile),
+            "nccl_traced": bool(self.plan.features.nccl_trace),
         }
         (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
 
@@ -168,12 +227,78 @@ class Trainer:
     def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1))
 
+    def parallel_summary(self) -> dict:
+        """The layout this run really uses, for run.json."""
+        from ..layout import stage_layers
+        from ..plan import pipeline_layers
+        from .parallel.pp import schedule_name
+        lay = self.plan.layout
+        summary = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp,
+                   "sequence_parallel": lay.tp > 1, "loss_parallel": lay.tp > 1,
+                   "fsdp_shards": lay.dp * lay.cp,  # FSDP shards over dp x cp
+                   "microbatches_per_step": self.plan.ga}
+        if lay.pp > 1:
+            summary["pipeline_schedule"] = schedule_name(self.plan)
+            summary["stage_layers"] = stage_layers(pipeline_layers(self.plan.model),
+                                                   lay.pp, lay.vp)
+        if lay.cp > 1:
+            summary["context_parallel"] = "all-gather KV, head-tail load balance"
+        return summary
+
+    def loss_context(self):
+        """Under TP the logits stay sharded over the vocabulary: cross-entropy (and its
+        backward) must run inside loss_parallel, which never gathers them."""
+        if self.dims.tp_enabled:
+            from torch.distributed.tensor.parallel import loss_parallel
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def context_shard(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """This rank's part of each sequence and the positions of its tokens.
+
+        Without CP that is the whole sequence; with CP the load-balanced pair of chunks
+        (parallel/cp.py). Positions are always passed: under sequence parallelism the
+        model cannot infer them from its (sequence-sharded) hidden states.
+        """
+        positions = torch.arange(self.plan.seq_len, device=self.device)
+        if self.dims.cp_enabled:
+            from .parallel.cp import local_positions, shard_sequence
+            cp, rank = self.dims.cp, self.dims.coordinate("cp")
+            inputs, labels = shard_sequence(inputs, cp, rank), shard_sequence(labels, cp, rank)
+            positions = local_positions(self.plan.seq_len, cp, rank, device=self.device)
+        return inputs, labels, positions
+
     def forward_backward_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Loss of one microbatch (mean over its tokens); gradients accumulate / GA."""
-        logits = self.model(inputs)
-        loss = self.loss_fn(logits, labels)
-        (loss / self.plan.ga).backward()
-        return loss.detach()
+        inputs, labels, positions = self.context_shard(inputs, labels)
+        with self.loss_context():
+            logits = self.model(inputs, positions)
+            loss = self.loss_fn(logits, labels)
+            (loss / self.plan.ga).backward()
+        return _plain(loss.detach())
+
+    def pipeline_step(self, step: int) -> torch.Tensor:
+        """All of a step's microbatches through the pipeline schedule at once.
+
+        Returns the sum of the microbatch losses on a rank holding the last stage, zero
+        elsewhere (step_metrics sums over the pipeline ranks).
+        """
+        batches = list(self.batch_generator(step))
+        inputs = torch.cat([inp for inp, _ in batches])
+        labels = torch.cat([lab for _, lab in batches])
+        inputs, labels, positions = self.context_shard(inputs, labels)
+        # The schedule splits every tensor argument along dim 0 into microbatches.
+        positions = positions.expand(inputs.shape[0], -1)
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first_stage else ()
+        target = labels if self.has_last_stage else None
+        with self.loss_context():
+            self.pipeline.step(*args, target=target, losses=losses, positions=positions,
+                               return_outputs=False)
+        total = torch.zeros((), device=self.device)
+        for loss in losses:
+            total += _plain(loss.detach())
+        return total
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -182,18 +307,19 @@ class Trainer:
     def train_step(self, step: int) -> StepMetrics:
         p = self.plan
         self.maybe_fail(step)
-        lr = lr_at(step, p.lr, p.min_lr, p.warmup_steps, max(p.steps, p.warmup_steps))
+        lr = lr_at(step, p.lr, p.min_lr, p.warmup_steps, max(self.total_steps, p.warmup_steps))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.synchronize()
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
-        for inputs, labels in self.batch_generator(step):
-            loss_sum += self.forward_backward_step(inputs, labels)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=1.0,
-                                                   foreach=True)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        if self.pipeline is not None:
+            loss_sum += self.pipeline_step(step)
+        else:
+            for inputs, labels in self.batch_generator(step):
+                loss_sum += self.forward_backward_step(inputs, labels)
+        grad_norm = clip_grad_norm_(self.model.parameters(), max_norm=1.0,
+                                    pp_mesh=self.dims["pp"] if self.dims.pp_enabled else None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.synchronize()
@@ -205,6 +331,8 @@ class Trainer:
         """Reduce the loss over data-parallel ranks and the step time (max) over all."""
         p = self.plan
         loss = local_loss.clone()
+        if self.dims.pp_enabled:  # only the last stage computed a loss; the rest hold 0
+            dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=self.dims["pp"].get_group())
         dist.all_reduce(loss, op=dist.ReduceOp.AVG if self.device.type == "cuda"
                         else dist.ReduceOp.SUM, group=self.dims["dp_cp"].get_group())
         if self.device.type != "cuda":  # gloo has no AVG
@@ -219,7 +347,7 @@ class Trainer:
             peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
             alloc = _rss_bytes()
         return StepMetrics(
-            iteration=step, total_iterations=p.steps, lr=lr, global_batch_size=p.gbs,
+            iteration=step, total_iterations=self.total_steps, lr=lr, global_batch_size=p.gbs,
             loss=float(loss), grad_norm=float(grad_norm), step_time_s=step_time,
             tflops_per_gpu=p.gbs * self.flops_per_seq / step_time / self.world_size / 1e12,
             tokens_per_s=p.seq_len * p.gbs / step_time, peak_memory_bytes=int(peak_mem),
@@ -237,20 +365,34 @@ class Trainer:
     # --- the loop ------------------------------------------------------------------------
 
     def train(self) -> None:
-        p = self.plan
-        while self.step < p.steps:
+        f = self.plan.features
+        interval = f.checkpoint_interval
+        saving = f.checkpoint or interval > 0
+        while self.step < self.total_steps:
+            self.tracer.before_step(self.step)
             metrics = self.train_step(self.step)
             self.step += 1
             if self.rank == 0:
                 self.log(format_step_line(metrics))
                 self.metrics_file.write(metrics.to_json() + "\n")
+            self.tracer.after_step(self.step - 1)
+            if saving and (self.step == self.total_steps
+                           or (interval > 0 and self.step % interval == 0)):
+                self.checkpointer.save(self.step)
 
     def close(self) -> None:
+        if hasattr(self, "tracer"):
+            self.tracer.close()
         if getattr(self, "rank", 1) == 0 and hasattr(self, "log_file"):
             self.log_file.close()
             self.metrics_file.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (the loss under loss_parallel) as a plain tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _strip_wrappers(fqn: str) -> str:

@@ -5,8 +5,12 @@ then FSDP2 per block and on the root. Model code knows nothing of any of it.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from ...plan import Plan
 from .mesh import ParallelDims
@@ -62,3 +66,30 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     apply_fsdp(model, dims["dp_cp"], compute_dtype,
                reshard_after_forward=not dims.pp_enabled)
     return model
+
+
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,
+                    pp_mesh: DeviceMesh | None = None) -> torch.Tensor:
+    """Clip gradients to `max_norm` by their global L2 norm; return that norm (fp32).
+
+    Global means over the whole model: every FSDP and TP shard (DTensor norms reduce
+    over their mesh and count replicas once) and, under a pipeline, every stage (the
+    squared norms of the stages are summed over the pp group). Gradients are grouped by
+    mesh because norms of DTensors on different meshes cannot be combined directly.
+    """
+    params = [p for p in parameters if p.grad is not None]
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p.grad)
+    device = params[0].grad.device if params else torch.device("cpu")
+    total_sq = torch.zeros((), device=device, dtype=torch.float32)
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        total_sq += norm.float() ** 2
+    if pp_mesh is not None:
+        dist.all_reduce(total_sq, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
+    total = total_sq.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total

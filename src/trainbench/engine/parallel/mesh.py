@@ -41,6 +41,9 @@ class ParallelDims:
         # FSDP shards parameters over data and context ranks together: both see the
         # same weights and different tokens.
         self.dp_cp_mesh = self.mesh["dp", "cp"]._flatten(mesh_dim_name="dp_cp")
+        # A parameter under FSDP and TP lives on (dp_cp, tp); with this flattened twin
+        # DTensor reduces it (the gradient norm) in one collective instead of two.
+        self.mesh["dp", "cp", "tp"]._flatten(mesh_dim_name="dp_cp_tp")
         return self.mesh
 
     def __getitem__(self, name: str) -> DeviceMesh:

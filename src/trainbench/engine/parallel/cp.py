@@ -1,0 +1,127 @@
+"""Context parallelism: each rank of the cp group holds a part of every sequence.
+
+The all-gather form (Llama 3's training used it): queries stay local, keys and values
+are gathered from the whole cp group before attention. It needs only an all-gather
+forward and a reduce-scatter backward, so it runs on gloo (CPU) and NCCL alike, unlike
+PyTorch's ring-attention `context_parallel`, which needs the CUDA attention kernels.
+
+Load balance: the sequence is cut into 2*CP equal chunks and cp rank r keeps chunks r
+and 2*CP-1-r (head and tail). Under a causal mask late chunks attend to more keys than
+early ones; pairing an early with a late chunk gives every rank the same work.
+
+The model needs only two things, both seams it already has: the tokens' true
+positions (for RoPE), passed by the trainer, and a replacement for each attention
+module's `attend(q, k, v)`, installed by `apply_context_parallel`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+
+def chunk_ids(cp: int, rank: int) -> tuple[int, int]:
+    """The two sequence chunks (of 2*cp) that cp rank `rank` holds: head and tail."""
+    return rank, 2 * cp - 1 - rank
+
+
+def local_positions(seq_len: int, cp: int, rank: int, device=None) -> torch.Tensor:
+    """Positions in the full sequence of the tokens cp rank `rank` holds, in its order."""
+    chunk = seq_len // (2 * cp)
+    return torch.cat([torch.arange(c * chunk, (c + 1) * chunk, device=device)
+                      for c in chunk_ids(cp, rank)])
+
+
+def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """This cp rank's part of `t` along the sequence dim `dim` (head chunk, tail chunk)."""
+    chunks = t.chunk(2 * cp, dim=dim)
+    if len(chunks) != 2 * cp or t.shape[dim] % (2 * cp):
+        raise ValueError(f"sequence of {t.shape[dim]} tokens does not split into 2*CP = "
+                         f"{2 * cp} equal chunks")
+    head, tail = chunk_ids(cp, rank)
+    return torch.cat([chunks[head], chunks[tail]], dim=dim)
+
+
+# PyTorch 2.13 renamed the tensor forms of the two collectives; older releases have only
+# the old names.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along the sequence dim (2) of [b, heads, s, d]; backward reduce-scatters.
+
+    Every rank's queries read every rank's keys, so the gradient of rank j's keys is the
+    sum of what all ranks' attention sends back to them: a sum reduce-scatter.
+    """
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        world = dist.get_world_size(group)
+        # Collectives concatenate along dim 0: move the sequence to the front.
+        front = local.movedim(2, 0).contiguous()
+        out = front.new_empty((world * front.shape[0], *front.shape[1:]))
+        _all_gather(out, front, group=group)
+        return out.movedim(0, 2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        world = dist.get_world_size(ctx.group)
+        front = grad.movedim(2, 0).contiguous()
+        out = front.new_empty((front.shape[0] // world, *front.shape[1:]))
+        _reduce_scatter(out, front, op=dist.ReduceOp.SUM, group=ctx.group)
+        return out.movedim(0, 2), None
+
+
+def gather_sequence(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """[b, h, s_local, d] from each cp rank -> [b, h, cp*s_local, d], rank-major order."""
+    return _GatherSequence.apply(local, group)
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               group: dist.ProcessGroup) -> torch.Tensor:
+    """Causal attention of this rank's queries over the keys/values of the whole sequence.
+
+    q [b, heads, s_local, d], k and v [b, kv_heads, s_local, d], all in this rank's
+    (head chunk, tail chunk) order. The mask compares true positions: query at p sees
+    key at p' iff p' <= p.
+    """
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    s_local = q.shape[2]
+    seq_len = s_local * cp
+    # One collective for both: stack k and v along the batch dim.
+    kv = gather_sequence(torch.cat([k, v]), group)
+    k_all, v_all = kv.chunk(2)
+    q_pos = local_positions(seq_len, cp, rank, device=q.device)
+    k_pos = torch.cat([local_positions(seq_len, cp, j, device=q.device) for j in range(cp)])
+    mask = k_pos[None, :] <= q_pos[:, None]  # [s_local, seq_len], True = attend
+    if k_all.shape[1] != q.shape[1]:
+        # Expand grouped KV heads here rather than with enable_gqa: with an explicit mask
+        # the fused (memory-efficient) CUDA kernels then stay eligible.
+        repeat = q.shape[1] // k_all.shape[1]
+        k_all = k_all.repeat_interleave(repeat, dim=1)
+        v_all = v_all.repeat_interleave(repeat, dim=1)
+    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
+
+def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> None:
+    """Swap the attention core of every module with an `attend` method for the CP one.
+
+    Works for any family whose attention goes through `attend(q, k, v)`; the trainer
+    shards inputs, labels and positions with `shard_sequence` / `local_positions`.
+    """
+    group = cp_mesh.get_group()
+    # A pipeline stage may hold no attention at all (only the embedding or the loss).
+    for module in model.modules():
+        if callable(getattr(module, "attend", None)):
+            module.attend = _bound_attend(group)
+
+
+def _bound_attend(group: dist.ProcessGroup):
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return context_parallel_attention(q, k, v, group)
+    return attend

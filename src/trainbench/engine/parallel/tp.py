@@ -1,0 +1,201 @@
+"""Tensor + sequence parallelism with DTensor's `parallelize_module` (Megatron's layout).
+
+Inside a block, the projections that fan out (q, k, v; the MLP's gate and up) are split
+by output columns and the ones that fan in (attention out, MLP down) by input rows, so
+each rank runs its share of the heads and of the FFN with no communication in between.
+Between blocks the residual stream is split along the sequence (sequence parallel): the
+norms run on a sequence shard, an all-gather feeds each attention/MLP and a
+reduce-scatter leaves it. The embedding is split by vocabulary rows, and the output head
+by vocabulary columns, whose logits stay sharded into a `loss_parallel` cross-entropy:
+the full [tokens, vocab] logits never exist on one rank.
+
+A family supplies only its plan: module-name patterns (fnmatch, '*' for a layer
+index) mapped to styles. Llama and Nemotron-4 share TRANSFORMER_PLAN; Nemotron-H builds
+its plan per layer kind and splits each Mamba-2 mixer by heads and groups as Megatron
+does (`MambaMixerParallel`).
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatch
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from ...plan import Plan
+
+
+def _gather_input(extra_args: int = 0) -> PrepareModuleInput:
+    """All-gather a sequence-sharded first input (later inputs, e.g. RoPE, pass as they are)."""
+    return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * extra_args,
+                              desired_input_layouts=(Replicate(),) + (None,) * extra_args)
+
+
+def _attention_styles(prefix: str) -> dict[str, ParallelStyle]:
+    """q/k/v split by heads, out-projection by input rows back to a sequence shard."""
+    return {
+        prefix: _gather_input(extra_args=1),  # called as attention(x, rope)
+        f"{prefix}.wq": ColwiseParallel(),
+        f"{prefix}.wk": ColwiseParallel(),
+        f"{prefix}.wv": ColwiseParallel(),
+        f"{prefix}.wo": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def _mlp_styles(prefix: str) -> dict[str, ParallelStyle]:
+    """Gate/up split by FFN columns, down by FFN rows (a squared-ReLU MLP has no w3)."""
+    return {
+        prefix: _gather_input(),
+        f"{prefix}.w1": ColwiseParallel(),
+        f"{prefix}.w3": ColwiseParallel(),
+        f"{prefix}.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+# Embedding, final norm and output head: the same for every family here.
+EDGE_PLAN: dict[str, ParallelStyle] = {
+    "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    "norm": SequenceParallel(),
+    # Logits stay a DTensor sharded over the vocabulary, for loss_parallel.
+    "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                              use_local_output=False),
+}
+
+TRANSFORMER_PLAN: dict[str, ParallelStyle] = {
+    **EDGE_PLAN,
+    "layers.*.attention_norm": SequenceParallel(),
+    **_attention_styles("layers.*.attention"),
+    "layers.*.mlp_norm": SequenceParallel(),
+    **_mlp_styles("layers.*.mlp"),
+}
+"""Llama and Nemotron-4 (engine/models/transformer.py)."""
+
+
+class MambaMixerParallel(ParallelStyle):
+    """Split a Mamba-2 mixer by heads and groups (Megatron's layout; see mamba2.py).
+
+    Rank r keeps a contiguous block of H/T heads and the G/T groups they read, which is
+    again a complete, smaller mixer: in_proj column-parallel, out_proj row-parallel, the
+    per-channel conv and per-head parameters sharded along their first axis, and no
+    communication inside. in_proj's rows and conv1d's channels are stored in TP-blocked
+    order (`tp_row_order`), so that each rank's rows are one contiguous shard.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        tp = device_mesh.size()
+        if module.n_groups % tp or module.n_heads % tp:
+            raise ValueError(f"Mamba heads {module.n_heads} and groups {module.n_groups} "
+                             f"must be divisible by TP={tp}")
+        parallelize_module(module, device_mesh, {
+            "in_proj": ColwiseParallel(),
+            "out_proj": RowwiseParallel(output_layouts=Shard(1)),
+        })
+        _gather_input()._apply(module, device_mesh)
+        for name in ("conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm_weight"):
+            owner_name, _, attr = name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            param = getattr(owner, attr)
+            sharded = nn.Parameter(distribute_tensor(param, device_mesh, [Shard(0)]),
+                                   requires_grad=param.requires_grad)
+            if getattr(param, "_no_weight_decay", False):
+                sharded._no_weight_decay = True
+            owner.register_parameter(attr, sharded)
+        # The forward reads every size from these two: now this rank's share.
+        module.n_heads //= tp
+        module.n_groups //= tp
+        return module
+
+
+def tp_row_order(n_heads: int, n_groups: int, head_dim: int, state_size: int,
+                 tp: int) -> dict[str, torch.Tensor]:
+    """Rows of a full mixer's parameters in the order the TP-sharded mixer stores them
+    (rank 0's rows, then rank 1's, ...). Keys are parameter names inside the mixer;
+    parameters not listed keep their order (their shards are already contiguous)."""
+    from ..models.mamba2 import shard_indices
+    shards = [shard_indices(n_heads, n_groups, head_dim, state_size, r, tp) for r in range(tp)]
+    conv = torch.cat([s["conv"] for s in shards])
+    return {"in_proj.weight": torch.cat([s["in_proj"] for s in shards]),
+            "conv1d.weight": conv, "conv1d.bias": conv}
+
+
+def nemotronh_plan(model: nn.Module) -> dict[str, ParallelStyle]:
+    """Nemotron-H: each block's norm sequence-parallel, its mixer split by its kind."""
+    plan: dict[str, ParallelStyle] = dict(EDGE_PLAN)
+    for key, block in model.layers.items():
+        plan[f"layers.{key}.norm"] = SequenceParallel()
+        if block.kind == "M":
+            plan[f"layers.{key}.mixer"] = MambaMixerParallel()
+        elif block.kind == "*":
+            plan.update(_attention_styles(f"layers.{key}.mixer"))
+        else:
+            plan.update(_mlp_styles(f"layers.{key}.mixer"))
+    return plan
+
+
+PLANS: dict[str, Callable[[nn.Module], dict[str, ParallelStyle]]] = {
+    "llama": lambda model: TRANSFORMER_PLAN,
+    "nemotron4": lambda model: TRANSFORMER_PLAN,
+    "nemotronh": nemotronh_plan,
+}
+"""Family -> its tensor-parallel plan. A new family adds one entry."""
+
+
+def resolve_plan(model: nn.Module, plan: dict[str, ParallelStyle]) -> dict[str, ParallelStyle]:
+    """Pattern -> style becomes module name -> style for the modules this model holds.
+
+    A pipeline stage lacks some modules (embedding, head, other stages' layers) and a
+    squared-ReLU MLP has no w3: patterns that match nothing here are skipped.
+    """
+    names = [name for name, _ in model.named_modules() if name]
+    resolved: dict[str, ParallelStyle] = {}
+    for pattern, style in plan.items():
+        for name in names:
+            if fnmatch(name, pattern) and name.count(".") == pattern.count("."):
+                resolved[name] = style
+    return resolved
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> None:
+    """Shard `model` (on the meta device) over `tp_mesh` by its family's plan."""
+    family = plan.model.family
+    if family not in PLANS:
+        raise ValueError(f"no tensor-parallel plan for model family {family!r}; "
+                         f"families with one: {', '.join(PLANS)}")
+    parallelize_module(model, tp_mesh, resolve_plan(model, PLANS[family](model)))
+
+
+def full_state_in_tp_order(model: nn.Module, full_state: dict[str, torch.Tensor],
+                           tp: int) -> dict[str, torch.Tensor]:
+    """A full state dict (unwrapped names) with rows reordered as the TP-sharded `model`
+    stores them, ready for set_model_state_dict. Only Mamba-2 mixers reorder anything."""
+    from ..models.mamba2 import Mamba2Mixer
+    out = dict(full_state)
+    for name, module in model.named_modules():
+        if not isinstance(module, Mamba2Mixer):
+            continue
+        # The sharded mixer's n_heads and n_groups are this rank's share.
+        orders = tp_row_order(module.n_heads * tp, module.n_groups * tp, module.head_dim,
+                              module.state_size, tp)
+        for param, order in orders.items():
+            key = unwrapped_name(f"{name}.{param}")
+            if key in out:
+                out[key] = out[key].index_select(0, order)
+    return out
+
+
+def unwrapped_name(fqn: str) -> str:
+    """A parameter name without activation-checkpoint / compile / FSDP wrapper parts."""
+    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
+        fqn = fqn.replace(wrapper, "")
+    return fqn
