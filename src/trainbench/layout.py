@@ -55,11 +55,14 @@ def _span(layers: list[int]) -> str:
 
 
 def rank_rows(plan: Plan, limit: int = 32) -> list[dict[str, str]]:
-    """One row per rank (the first `limit`, then the last rank) for `run --dry-run`."""
+    """One row per rank for `run --dry-run`; beyond `limit` ranks, the first rank of each
+    pipeline stage (which stands for its TP x CP x DP ranks) and the last rank."""
     lay = plan.layout
     split = stage_layers(pipeline_layers(plan.model), lay.pp, lay.vp)
     ranks = list(range(plan.gpus))
-    shown = ranks if len(ranks) <= limit else ranks[:limit - 1] + [ranks[-1]]
+    per_stage = lay.tp * lay.cp * lay.dp
+    shown = ranks if len(ranks) <= limit else sorted(
+        {stage * per_stage for stage in range(lay.pp)} | {ranks[-1]})
     rows = []
     for rank in shown:
         c = rank_coordinates(rank, plan)
