@@ -33,13 +33,25 @@ def free_port() -> int:
 
 
 def torchrun_command(plan: Plan, plan_path: Path) -> list[str]:
-    return [
+    launcher = [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc-per-node={plan.gpus}", "--nnodes=1",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
         "--max-restarts=0", "--monitor-interval=1",
-        "-m", "trainbench.engine", str(plan_path),
     ]
+    if plan.features.profile == "nsys":
+        # torchrun starts `nsys profile python -m trainbench.engine ...` per rank.
+        return launcher + ["--no-python", *nsys_prefix(plan_path.parent), sys.executable,
+                           "-m", "trainbench.engine", str(plan_path)]
+    return launcher + ["-m", "trainbench.engine", str(plan_path)]
+
+
+def nsys_prefix(exp_dir: Path) -> list[str]:
+    """Nsight Systems around one rank, recording only between the engine's
+    cudaProfilerStart/Stop (the profiled steps); one report per rank."""
+    return ["nsys", "profile", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+            "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
+            f"--output={exp_dir / 'profile' / 'nsys-rank%q{RANK}'}", "--force-overwrite=false"]
 
 
 def rank_environment(plan: Plan) -> dict[str, str]:
@@ -88,6 +100,8 @@ class Progress:
 def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int:
     """Run the plan with torchrun; returns its exit code and writes exit.json."""
     plan_path = exp_dir / PLAN_FILE
+    if plan.features.profile == "nsys":
+        (exp_dir / "profile").mkdir(exist_ok=True)
     if interactive is None:
         interactive = sys.stdout.isatty()
     started = time.time()

@@ -163,6 +163,10 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"trainbench: note: ignoring interrupted checkpoint save {partial}",
                            err=True)
             load_checkpoint, loaded_step = str(found.path.resolve()), found.step
+            saved_by = (found.record.get("workload"), found.record.get("size"))
+            if saved_by[0] and saved_by != (workload, size.lower()):
+                fail(f"checkpoint {found.path} holds {saved_by[0]} {saved_by[1]}, not "
+                     f"{workload} {size}; load a checkpoint of the same model")
             if profile and not (loaded_step <= start and stop < loaded_step + steps):
                 fail(f"--profile-steps {start}-{stop} lies outside this run's iterations "
                      f"{loaded_step}-{loaded_step + steps - 1} (it resumes at {loaded_step}); "
@@ -257,8 +261,11 @@ def print_rank_layout(out, plan) -> None:
     from rich.table import Table
 
     from ..layout import rank_rows
+    lay = plan.layout
     table = Table(title=f"Per-rank layout ({plan.gpus} ranks"
-                  + (", first and last shown)" if plan.gpus > 32 else ")"))
+                  + (f"; the first rank of each pipeline stage, standing for its "
+                     f"{lay.tp * lay.cp * lay.dp} TP x CP x DP ranks, and the last rank)"
+                     if plan.gpus > 32 else ")"))
     rows = rank_rows(plan)
     for col in rows[0]:
         table.add_column(col)

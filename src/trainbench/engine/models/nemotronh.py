@@ -89,15 +89,7 @@ class NemotronH(nn.Module):
         init with the hybrid's depth, taken from the spec so every pipeline stage
         initialises its layers alike.
         """
-        if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight, std=INIT_STD)
-        out_std = INIT_STD / math.sqrt(2 * self.spec.layers)
-        for layer in self.layers.values():
-            layer.init_weights(out_std)
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            nn.init.normal_(self.output.weight, std=INIT_STD)
+        init_trunk_weights(self, self.spec.layers)
 
     def forward(
         self, tokens_or_hidden: torch.Tensor, positions: torch.Tensor | None = None

@@ -287,15 +287,7 @@ class Transformer(nn.Module):
         global model depth, so every pipeline stage initialises its layers alike.
         """
         self.rope_inv_freq.copy_(rope_frequencies(self.spec, device=self.rope_inv_freq.device))
-        if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight, std=INIT_STD)
-        out_std = INIT_STD / math.sqrt(2 * self.spec.layers)
-        for layer in self.layers.values():
-            layer.init_weights(out_std)
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            nn.init.normal_(self.output.weight, std=INIT_STD)
+        init_trunk_weights(self, self.spec.layers)
 
     def forward(
         self, tokens_or_hidden: torch.Tensor, positions: torch.Tensor | None = None
@@ -318,3 +310,18 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h
+
+
+def init_trunk_weights(model: nn.Module, depth: int) -> None:
+    """Embedding, blocks, final norm and head of any family (each may be None on a
+    pipeline stage). Residual-branch output projections get std 0.02/sqrt(2*depth) so the
+    residual stream's variance does not grow with depth (GPT-2, Megatron)."""
+    if model.tok_embeddings is not None:
+        nn.init.normal_(model.tok_embeddings.weight, std=INIT_STD)
+    out_std = INIT_STD / math.sqrt(2 * depth)
+    for layer in model.layers.values():
+        layer.init_weights(out_std)
+    if model.norm is not None:
+        model.norm.reset_parameters()
+    if model.output is not None:
+        nn.init.normal_(model.output.weight, std=INIT_STD)
