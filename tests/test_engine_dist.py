@@ -1,7 +1,6 @@
 """The engine with real gloo processes under torchrun."""
 
 import json
-import os
 import subprocess
 import time
 

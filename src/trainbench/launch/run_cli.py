@@ -111,9 +111,8 @@ def register(app: typer.Typer) -> None:
     ):
         """Plan a workload and train it: here with torchrun, or on Slurm."""
         from ..cli import console, fail
-        from ..catalog import hardware
         from ..plan import Features, PlanError, build_plan, parse_overrides
-        from .experiment import PLAN_FILE, default_root, new_experiment_dir
+        from .experiment import PLAN_FILE, new_experiment_dir
 
         if executor not in ("local", "slurm"):
             fail(f"unknown executor {executor!r}; use local or slurm")

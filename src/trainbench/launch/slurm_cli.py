@@ -149,7 +149,6 @@ def init_command(
     sacctmgr; with options, --from FILE or --yes it asks nothing (for scripts and CI).
     Secrets such as HF_TOKEN are refused: export them in your shell instead.
     """
-    from ..cli import fail
     from ..config import config_path, save_config
     from .slurm import (CONFIG_KEYS, SlurmError, check_cluster_config, detect_cluster,
                         parse_env_items)

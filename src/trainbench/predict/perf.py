@@ -178,7 +178,7 @@ def _exposed(comm: float, window: float, pieces: int, c: Constants) -> tuple[flo
 
 def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, float]:
     """(exposed, hidden) seconds per step of gradient reduction and weight gathering."""
-    dev, plan, c = ctx.device, ctx.plan, ctx.constants
+    dev, c = ctx.device, ctx.constants
     g = ctx.groups
     wbytes = ctx.shape.act_bytes  # bf16 weights and gradients (fp32 runs: 4 B)
     if ctx.sharding == DISTRIBUTED_OPTIMIZER:

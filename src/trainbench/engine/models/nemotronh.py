@@ -13,14 +13,13 @@ meta device, shard, then `to_empty(device=...)` and `init_weights()`.
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
 
 from trainbench.catalog.models import ModelSpec
 from trainbench.engine.models.mamba2 import Mamba2Mixer
-from trainbench.engine.models.transformer import INIT_STD, MLP, Attention, build_norm
+from trainbench.engine.models.transformer import MLP, Attention, build_norm, init_trunk_weights
 
 LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
 """Pattern character -> the mixer its block holds."""
