@@ -68,6 +68,11 @@ def test_resume_continues_exactly(uninterrupted, tmp_path):
     assert "iteration 3/3" in log
     run_info = json.loads((resumed / "run.json").read_text())
     assert run_info["first_iteration"] == 2
+    # Results know the run resumed at iteration 2: a complete run, not a gap at 0-1.
+    from trainbench.results import summarize_experiment
+    result = summarize_experiment(resumed)
+    assert result.status == "Success", result.status_detail
+    assert result.total_iterations == 4 and result.window_start >= 2
 
 
 @pytest.mark.dist

@@ -72,6 +72,7 @@ class Progress:
     def __init__(self, total: int, interactive: bool):
         self.interactive = interactive
         self.bar = None
+        self.first: int | None = None  # first iteration seen
         if interactive:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
             from rich.progress import TextColumn, TimeRemainingColumn
@@ -87,7 +88,10 @@ class Progress:
             return
         if match:
             it, _, loss, step_time = match.groups()
-            self.bar.update(self.task, completed=int(it) + 1,
+            # A resumed run starts at its checkpoint's iteration, not at 0.
+            if self.first is None:
+                self.first = int(it)
+            self.bar.update(self.task, completed=int(it) - self.first + 1,
                             info=f"loss {loss}  step {float(step_time):.3f}s")
         elif not any(noise in text for noise in _NOISE):
             self.bar.console.print(text, markup=False, highlight=False)

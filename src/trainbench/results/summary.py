@@ -301,14 +301,19 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
 
     # Run length and window.
     total = scan.total_iterations
+    # A run resumed from a checkpoint at step N logs iterations N..N+steps-1.
+    first = int((facts.run or {}).get("first_iteration") or 0)
     if facts.plan and facts.plan.get("steps"):
-        total = int(facts.plan["steps"])
+        total = first + int(facts.plan["steps"])
     iterations = [r.iteration for r in scan.records]
     result.steps_logged = len(iterations)
     result.last_iteration = iterations[-1] if iterations else None
     result.total_iterations = total
-    length = total or (iterations[-1] + 1 if iterations else None)
-    win = window or (metrics.default_window(length) if length else None)
+    length = (total - first) if total else (iterations[-1] + 1 if iterations else None)
+    win = window
+    if win is None and length:
+        start, end = metrics.default_window(length)
+        win = (first + start, first + end)
     if win:
         result.window_start, result.window_end = win
 
