@@ -86,7 +86,7 @@ def main() -> None:
     hf = window_mean(hf_step_times(args.steps, args.dtype))
     print(f"tiny Llama 3.1, {args.dtype}, GBS 8 x 128 tokens, {args.steps} steps, "
           f"window {default_window(args.steps)}, {os.cpu_count()} CPU cores")
-    print(f"{'trainbench (torchrun, FSDP2, 1 rank)':<40} {tb * 1e3:8.1f} ms/step "
+    print(f"{'trainbench (torchrun, 1 rank)':<40} {tb * 1e3:8.1f} ms/step "
           f"{tokens / tb:10.0f} tokens/s")
     print(f"{'Hugging Face LlamaForCausalLM + AdamW':<40} {hf * 1e3:8.1f} ms/step "
           f"{tokens / hf:10.0f} tokens/s")

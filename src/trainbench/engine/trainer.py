@@ -245,6 +245,13 @@ class Trainer:
             summary["context_parallel"] = "all-gather KV, head-tail load balance"
         return summary
 
+    def compute_context(self):
+        """bf16 autocast for a one-rank run, which has no FSDP mixed-precision policy."""
+        from .parallel import single_rank_without_fsdp
+        if single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32:
+            return torch.autocast(self.device.type, dtype=self.compute_dtype)
+        return contextlib.nullcontext()
+
     def loss_context(self):
         """Under TP the logits stay sharded over the vocabulary: cross-entropy (and its
         backward) must run inside loss_parallel, which never gathers them."""
@@ -272,7 +279,8 @@ class Trainer:
         """Loss of one microbatch (mean over its tokens); gradients accumulate / GA."""
         inputs, labels, positions = self.context_shard(inputs, labels)
         with self.loss_context():
-            logits = self.model(inputs, positions)
+            with self.compute_context():
+                logits = self.model(inputs, positions)
             loss = self.loss_fn(logits, labels)
             (loss / self.plan.ga).backward()
         return _plain(loss.detach())

@@ -47,6 +47,13 @@ def apply_fp8(model: nn.Module) -> None:
     convert_to_float8_training(model, module_filter_fn=eligible)
 
 
+def single_rank_without_fsdp(plan: Plan) -> bool:
+    """A one-rank run has nothing to shard: FSDP's per-block hooks would cost about a third
+    of a small model's step for nothing, so the trainer runs the plain module under
+    autocast instead. (FP8 keeps FSDP: torchao's float8 path is tested with it.)"""
+    return plan.gpus == 1 and plan.dtype != "fp8"
+
+
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
                 compute_dtype: torch.dtype) -> nn.Module:
     if plan.dtype == "fp8":
@@ -60,9 +67,11 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     apply_activation_checkpointing(model, plan.recompute)
     if plan.compile:
         apply_compile(model)
+    if single_rank_without_fsdp(plan):
+        return model
     from .fsdp import apply_fsdp
-    # Without PP the root module is trained directly; FSDP always wraps it, on a
-    # one-rank mesh too, so every layout runs the same mixed-precision code path.
+    # FSDP wraps the model on a one-rank dp_cp mesh too (TP-only or PP-only layouts), so
+    # every multi-rank layout runs the same mixed-precision code path.
     apply_fsdp(model, dims["dp_cp"], compute_dtype,
                reshard_after_forward=not dims.pp_enabled)
     return model
