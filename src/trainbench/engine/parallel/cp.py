@@ -87,25 +87,39 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """Causal attention of this rank's queries over the keys/values of the whole sequence.
 
     q [b, heads, s_local, d], k and v [b, kv_heads, s_local, d], all in this rank's
-    (head chunk, tail chunk) order. The mask compares true positions: query at p sees
-    key at p' iff p' <= p.
+    (head chunk, tail chunk) order. The gathered keys are put back in sequence order;
+    then each local chunk c of L queries attends to the first (c+1)*L keys under a
+    bottom-right-aligned causal mask: query i of chunk c (position c*L + i) sees keys
+    0..c*L + i. Keys past the chunk are never computed, and `causal_lower_right` keeps
+    the fused (flash / memory-efficient) kernels eligible, unlike a boolean mask.
     """
+    from torch.nn.attention.bias import causal_lower_right
+
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    s_local = q.shape[2]
-    seq_len = s_local * cp
+    chunk = q.shape[2] // 2
     # One collective for both: stack k and v along the batch dim.
     kv = gather_sequence(torch.cat([k, v]), group)
-    k_all, v_all = kv.chunk(2)
-    q_pos = local_positions(seq_len, cp, rank, device=q.device)
-    k_pos = torch.cat([local_positions(seq_len, cp, j, device=q.device) for j in range(cp)])
-    mask = k_pos[None, :] <= q_pos[:, None]  # [s_local, seq_len], True = attend
+    # Rank-major (head_j, tail_j for each rank j) -> the sequence's chunk order.
+    pieces = kv.split(chunk, dim=2)
+    order = [None] * (2 * cp)
+    for j in range(cp):
+        head, tail = chunk_ids(cp, j)
+        order[head], order[tail] = pieces[2 * j], pieces[2 * j + 1]
+    k_all, v_all = torch.cat(order, dim=2).chunk(2)
     if k_all.shape[1] != q.shape[1]:
-        # Expand grouped KV heads here rather than with enable_gqa: with an explicit mask
-        # the fused (memory-efficient) CUDA kernels then stay eligible.
+        # Expand grouped KV heads here rather than with enable_gqa, which the attention
+        # bias path does not take.
         repeat = q.shape[1] // k_all.shape[1]
         k_all = k_all.repeat_interleave(repeat, dim=1)
         v_all = v_all.repeat_interleave(repeat, dim=1)
-    return F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+    outputs = []
+    for local, c in enumerate(chunk_ids(cp, rank)):
+        q_c = q[:, :, local * chunk:(local + 1) * chunk]
+        keys = (c + 1) * chunk
+        outputs.append(F.scaled_dot_product_attention(
+            q_c, k_all[:, :, :keys], v_all[:, :, :keys],
+            attn_mask=causal_lower_right(chunk, keys)))
+    return torch.cat(outputs, dim=2)
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> None:
