@@ -61,3 +61,13 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle):
     assert res.returncode == 2
     assert needle in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_show_405b_proxy_uses_the_depth_of_its_scale():
+    from trainbench.catalog.models import get_model, parameter_count
+    proxy30 = parameter_count(get_model("pretrain_llama3.1", "405b-proxy").with_layers(30))
+    res = tb("show", "-w", "pretrain_llama3.1", "-s", "405b-proxy", "--scale", "64")
+    assert res.returncode == 0, res.stderr
+    assert f"{proxy30:,}" in res.stdout
+    res = tb("show", "-w", "pretrain_llama3.1", "-s", "405b-proxy")
+    assert "8 at 32 GPUs, 30 at 64 GPUs, 62 at 128 GPUs" in res.stdout

@@ -105,6 +105,16 @@ def show(
     dtypes = recipes.dtypes_for(workload, size)
     if dtype and dtype.lower() not in dtypes:
         fail(f"{workload} {size} has no {dtype} recipe; dtypes: {', '.join(dtypes)}")
+    rows = [r for r in recipes.rows_for(workload, size, dtype and dtype.lower(), gpu.lower())
+            if scale is None or r.gpus == scale]
+    if scale is not None and not rows:
+        scales = recipes.scales_for(workload, size, dtype.lower() if dtype else dtypes[0])
+        fail(f"{workload} {size} has no recipe row for scale {scale}; scales: "
+             + ", ".join(map(str, scales)))
+    # The 405B proxies' depth depends on the scale: show the rows' depth when it is one.
+    depths = sorted({r.layers for r in rows})
+    if not model.is_hybrid and len(depths) == 1 and depths[0] != model.layers:
+        model = model.with_layers(depths[0])
     out = console()
     arch = Table(title=f"{model.name} ({workload} {size})", show_header=False)
     arch.add_column("field")
@@ -116,18 +126,18 @@ def show(
                    "mamba_chunk"]
     for f in fields:
         arch.add_row(f, str(getattr(model, f)))
+    if len(depths) > 1 and not model.is_hybrid:
+        by_scale = ", ".join(f"{r.layers} at {r.gpus} GPUs" for r in
+                             sorted({(r.gpus, r.layers): r for r in rows}.values(),
+                                    key=lambda r: r.gpus))
+        arch.add_row("layers by scale", by_scale + " (figures below: the full depth; "
+                     "pass --scale for one)")
     arch.add_row("parameters", f"{parameter_count(model):,} ({parameter_count(model) / 1e9:.2f} B)")
     for conv in fl.CONVENTIONS:
         value = fl.flops_per_sequence(model, convention=conv)
         arch.add_row(f"FLOPs/sequence ({conv})", f"{fl.round_sig(value, 4):.4g} ({value:.6e})")
     out.print(arch)
 
-    rows = [r for r in recipes.rows_for(workload, size, dtype and dtype.lower(), gpu.lower())
-            if scale is None or r.gpus == scale]
-    if scale is not None and not rows:
-        scales = recipes.scales_for(workload, size, dtype.lower() if dtype else dtypes[0])
-        fail(f"{workload} {size} has no recipe row for scale {scale}; scales: "
-             + ", ".join(map(str, scales)))
     rt = Table(title="Recipe rows")
     for col in ("dtype", "gpu", "GPUs", "seq", "layers", "TP", "PP", "CP", "EP", "DP", "VP", "MBS",
                 "GBS", "GA", "source"):
