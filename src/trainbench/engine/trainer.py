@@ -128,9 +128,8 @@ class Trainer:
             full = build_model(self.plan.model)
             with torch.no_grad():
                 full.init_weights()
-            wanted = set(model.state_dict().keys())
-            full_sd = {k: v for k, v in full.state_dict().items() if _strip_wrappers(k) in
-                       {_strip_wrappers(w) for w in wanted}}
+            wanted = {_strip_wrappers(k) for k in model.state_dict()}
+            full_sd = {k: v for k, v in full.state_dict().items() if _strip_wrappers(k) in wanted}
             if self.dims.tp_enabled:
                 # Parameters a TP plan stores in a blocked row order (Mamba in_proj).
                 from .parallel.tp import full_state_in_tp_order
@@ -231,11 +230,13 @@ class Trainer:
         """The layout this run really uses, for run.json."""
         from ..layout import stage_layers
         from ..plan import pipeline_layers
+        from .parallel import single_rank_without_fsdp
         from .parallel.pp import schedule_name
         lay = self.plan.layout
         summary = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp,
                    "sequence_parallel": lay.tp > 1, "loss_parallel": lay.tp > 1,
-                   "fsdp_shards": lay.dp * lay.cp,  # FSDP shards over dp x cp
+                   # FSDP shards over dp x cp; a one-rank run has nothing to shard.
+                   "fsdp_shards": 0 if single_rank_without_fsdp(self.plan) else lay.dp * lay.cp,
                    "microbatches_per_step": self.plan.ga}
         if lay.pp > 1:
             summary["pipeline_schedule"] = schedule_name(self.plan)
