@@ -18,3 +18,11 @@ def test_dry_run_of_a_seed_row_fits_quietly(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "predicted not to fit" not in res.stdout
     assert "TP1 PP1 CP2 DP4" in res.stdout
+
+
+def test_cpu_run_too_big_for_this_machine_is_refused_before_anything_is_written(tmp_path):
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "8b", "--scale", "8", "--gpu", "cpu",
+                  root=tmp_path)
+    assert res.returncode == 2
+    assert "GiB of memory but this machine has" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "experiments").exists()

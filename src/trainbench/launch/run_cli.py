@@ -229,6 +229,10 @@ def register(app: typer.Typer) -> None:
             print_rank_layout(out, plan)
             out.print("dry run: nothing launched")
             return
+        if plan.device == "cpu":
+            problem = cpu_memory_problem(plan)
+            if problem:
+                fail(problem)
         exp_dir = new_experiment_dir(root, plan.name)
         from dataclasses import replace
         plan = replace(plan, out_dir=str(exp_dir))
@@ -282,6 +286,34 @@ def warn_if_predicted_not_to_fit(out, plan) -> None:
     ok, message = fits(plan)
     if not ok:
         out.print(f"[yellow]warning: predicted not to fit: {message}[/yellow]")
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of this machine (Linux), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def cpu_memory_problem(plan) -> str | None:
+    """A CPU run whose ranks together would not fit this machine's memory is refused
+    before it starts: the alternative is the kernel's OOM killer, or a frozen machine."""
+    from ..predict.memory import tensor_bytes
+    available = available_memory_bytes()
+    if available is None:
+        return None
+    needed = tensor_bytes(plan) * plan.gpus
+    if needed <= 0.8 * available:
+        return None
+    gib = 2.0 ** 30
+    return (f"{plan.model.name} on {plan.gpus} CPU processes needs about {needed / gib:.0f} GiB "
+            f"of memory but this machine has {available / gib:.0f} GiB available; use a tiny "
+            f"size (-s tiny), a GPU machine, or --dry-run to plan it")
 
 
 def record_job_start(root, plan, exp_dir):
