@@ -1,6 +1,7 @@
 """The engine with real gloo processes under torchrun."""
 
 import json
+import os
 import subprocess
 import time
 
@@ -72,3 +73,33 @@ def test_bad_run_input_is_one_line(tmp_path):
         assert res.returncode == 2, (args, res.stderr)
         assert needle in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "experiments").exists()  # nothing half-written
+
+
+def test_killing_the_launcher_stops_every_rank(tmp_path):
+    """SIGTERM (or a closed terminal's SIGHUP) to `trainbench run` stops the ranks too."""
+    import signal
+    import sys
+
+    env = dict(os.environ, TRAINBENCH_ROOT=str(tmp_path),
+               TRAINBENCH_CONFIG=str(tmp_path / "cluster.yaml"))
+    proc = subprocess.Popen([sys.executable, "-m", "trainbench.cli", "run", "-w",
+                             "pretrain_llama3.1", "-s", "tiny", "--dtype", "fp32", "--scale", "2",
+                             "--gpu", "cpu", "--steps", "500"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 90
+    exp = None
+    while time.time() < deadline:
+        found = experiment_dirs(tmp_path) if (tmp_path / "experiments").exists() else []
+        if found and len(read_metrics(found[0])) >= 2:
+            exp = found[0]
+            break
+        time.sleep(0.5)
+    assert exp is not None, "the run never logged two steps"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    record = json.loads((exp / "exit.json").read_text())
+    assert record["exit_code"] == 130 and "interrupted" in record["reason"]
+    time.sleep(1)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(exp) not in ps  # no rank outlived the launcher

@@ -349,6 +349,16 @@ def parse_results(exp_dir: str | Path) -> tuple[dict | None, str | None]:
     return (data if isinstance(data, dict) else {"summary": data}), None
 
 
+def _launcher_alive(pid: str | None) -> bool:
+    """Whether the local launcher that recorded a job still runs (a trainbench process
+    with that pid: a recycled pid of another program does not count)."""
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
+            return b"trainbench" in fh.read()
+    except (OSError, TypeError, ValueError):
+        return False
+
+
 def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
     """Bring jobs up to date: Slurm states, exit codes, elapsed and results.
 
@@ -376,6 +386,9 @@ def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
             if own is not None:
                 fields.update(state="COMPLETED" if own["exit_code"] == 0 else "FAILED",
                               exit_code=own["exit_code"], elapsed_s=own.get("elapsed_s"))
+            elif job["state"] not in FINAL and not _launcher_alive(job["job_id"]):
+                fields.update(state="FAILED", note=f"the local launcher (pid {job['job_id']}) "
+                              "ended without an exit record: it was killed")
         state = fields.get("state", job["state"])
         if state in FINAL and job["results_json"] is None:
             results, note = parse_results(job["exp_dir"])

@@ -114,6 +114,9 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
                             start_new_session=True)
     progress = Progress(plan.steps, interactive)
     tail: list[str] = []
+    # torchrun runs in its own session (so a Ctrl-C reaches only this launcher, which then
+    # stops the ranks in order); a closed terminal or a kill must stop them the same way.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for raw in proc.stdout:
             text = raw.rstrip("\n")
@@ -124,6 +127,8 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
         _kill_group(proc)
         code = 130
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         progress.close()
         if proc.poll() is None:
             _kill_group(proc)
@@ -138,10 +143,14 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
     return code
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def describe_failure(code: int, tail: list[str]) -> str:
     """One line naming the failed rank and why, from torchrun's error summary."""
     if code == 130:
-        return "interrupted by the user"
+        return "interrupted (Ctrl-C, a closed terminal or a kill of the launcher)"
     rank = exitcode = None
     for line in tail:
         if m := re.search(r"rank\s*:\s*(\d+)", line):

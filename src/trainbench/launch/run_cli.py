@@ -330,6 +330,8 @@ def record_job_end(root, job, code: int) -> None:
         return
     db, job_id = job
     db.update(job_id, state="COMPLETED" if code == 0 else "FAILED", exit_code=code)
+    from .jobs import refresh
+    refresh(db, [job_id])  # elapsed from exit.json, and the parsed results
 
 
 def print_summary(out, exp_dir: Path) -> None:
