@@ -1,0 +1,97 @@
+"""GPU smoke benchmark: Llama 3.1 8B with a few layers on this machine's GPUs.
+
+For a session (or a user) with an NVIDIA GPU at hand: runs the real engine through
+`trainbench run` (NCCL, flash SDPA, bf16, and FP8 when torchao is installed) on one GPU
+and, with more than one, on all of them as FSDP data parallel; prints step time,
+tokens/s, TFLOPS/GPU, MFU and peak memory next to what `trainbench predict` expected
+for the same plan. Needs no network; writes its experiments under --root.
+
+    python bench/gpu_smoke.py [--layers 4] [--steps 30] [--root /tmp/tb-smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def gpu_count() -> int:
+    if not shutil.which("nvidia-smi"):
+        return 0
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return len([line for line in out.stdout.splitlines() if line.strip()])
+
+
+def run(root: Path, dtype: str, gpus: int, layers: int, steps: int) -> Path | None:
+    settings = f"layers={layers} tp=1 cp=1 pp=1 dp={gpus} mbs=1 gbs={8 * gpus}"
+    cmd = [sys.executable, "-m", "trainbench.cli", "run", "-w", "pretrain_llama3.1", "-s", "8b",
+           "--dtype", dtype, "--scale", str(gpus), "--steps", str(steps), "--set", settings,
+           "--root", str(root)]
+    print("$", " ".join(cmd), flush=True)
+    before = set(root.glob("experiments/*/*"))
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    new = sorted(set(root.glob("experiments/*/*")) - before)
+    if res.returncode != 0:
+        print(res.stdout[-2000:], res.stderr[-2000:], sep="\n")
+    return new[0] if new else None
+
+
+def predicted_step_time(exp: Path) -> float | None:
+    from trainbench.plan import Plan
+    from trainbench.predict.perf import predict_step
+    try:
+        return predict_step(Plan.load(exp / "plan.json"), sharding="fsdp").step_time_s
+    except Exception as err:  # noqa: BLE001 - a benchmark reports, it does not stop
+        print(f"(no prediction: {err})")
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--root", type=Path, default=Path("/tmp/trainbench-gpu-smoke"))
+    args = parser.parse_args()
+    n = gpu_count()
+    if n == 0:
+        sys.exit("gpu_smoke: no NVIDIA GPU here (nvidia-smi finds none)")
+    dtypes = ["bf16"]
+    try:
+        import torchao  # noqa: F401
+        dtypes.append("fp8")
+    except ImportError:
+        print("torchao not installed: FP8 skipped (pip install 'trainbench[fp8]')")
+    from trainbench.results import summarize_experiment
+    rows = []
+    for dtype in dtypes:
+        for gpus in sorted({1, n}):
+            exp = run(args.root, dtype, gpus, args.layers, args.steps)
+            if exp is None:
+                rows.append((dtype, gpus, "no experiment", None, None))
+                continue
+            r = summarize_experiment(exp)
+            device = json.loads((exp / "run.json").read_text()).get("device_name", "?") \
+                if (exp / "run.json").exists() else "?"
+            rows.append((dtype, gpus, device, r, predicted_step_time(exp)))
+    print(f"\nLlama 3.1 8B with {args.layers} layers, seq 8192, MBS 1, 8 sequences per GPU, "
+          f"{args.steps} steps")
+    print(f"{'dtype':<6}{'GPUs':>5}  {'device':<28}{'status':<11}{'step s':>9}{'pred s':>9}"
+          f"{'tokens/s':>11}{'TFLOPS/GPU':>11}{'MFU':>8}{'peak GiB':>9}")
+    for dtype, gpus, device, r, pred in rows:
+        if r is None:
+            print(f"{dtype:<6}{gpus:>5}  {device}")
+            continue
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        print(f"{dtype:<6}{gpus:>5}  {device[:27]:<28}{r.status:<11}"
+              f"{fmt(r.step_time_mean_s, '.3f'):>9}{fmt(pred, '.3f'):>9}"
+              f"{fmt(r.tokens_per_s, ',.0f'):>11}{fmt(r.tflops_per_gpu, '.1f'):>11}"
+              f"{fmt(r.mfu_pct, '.1f'):>7}%{fmt(r.peak_memory_gib, '.1f'):>9}")
+
+
+if __name__ == "__main__":
+    main()
