@@ -298,12 +298,20 @@ def test_refresh_local_jobs_from_exit_json(tmp_path):
         (d / "exit.json").write_text(json.dumps({"exit_code": code, "elapsed_s": 2.5}))
     a = db.add("local", "1", "n", str(ok), "{}", "RUNNING")
     b = db.add("local", "2", "n", str(bad), "{}", "RUNNING")
-    c = db.add("local", "3", "n", str(tmp_path / "still-running"), "{}", "RUNNING")
-    refresh(db)
+    # A live process whose command line names trainbench stands for a running launcher.
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                 "trainbench"])
+    try:
+        c = db.add("local", str(launcher.pid), "n", str(tmp_path / "still-running"), "{}",
+                   "RUNNING")
+        refresh(db)
+        assert db.get(c)["state"] == "RUNNING"
+    finally:
+        launcher.kill()
+        launcher.wait()
     assert (db.get(a)["state"], db.get(a)["exit_code"], db.get(a)["elapsed_s"]) == \
         ("COMPLETED", 0, 2.5)
     assert (db.get(b)["state"], db.get(b)["exit_code"]) == ("FAILED", 1)
-    assert db.get(c)["state"] == "RUNNING"
     # Finished jobs get results, or a note saying why there are none.
     assert db.get(a)["results_json"] is not None or db.get(a)["note"]
 
