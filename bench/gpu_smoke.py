@@ -13,18 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-
-def gpu_count() -> int:
-    if not shutil.which("nvidia-smi"):
-        return 0
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    return len([line for line in out.stdout.splitlines() if line.strip()])
 
 
 def run(root: Path, dtype: str, gpus: int, layers: int, steps: int) -> Path | None:
@@ -57,7 +48,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--root", type=Path, default=Path("/tmp/trainbench-gpu-smoke"))
     args = parser.parse_args()
-    n = gpu_count()
+    from trainbench.launch.run_cli import gpu_names
+    n = len(gpu_names())
     if n == 0:
         sys.exit("gpu_smoke: no NVIDIA GPU here (nvidia-smi finds none)")
     dtypes = ["bf16"]

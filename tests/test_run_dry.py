@@ -26,3 +26,11 @@ def test_cpu_run_too_big_for_this_machine_is_refused_before_anything_is_written(
     assert res.returncode == 2
     assert "GiB of memory but this machine has" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "experiments").exists()
+
+
+def test_local_gpu_run_on_a_machine_without_gpus_is_refused(tmp_path):
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--scale", "2", "--gpu", "h100",
+                  root=tmp_path, env={"PATH": str(tmp_path / "no-bin")})  # no nvidia-smi
+    assert res.returncode == 2
+    assert "this machine has no NVIDIA GPU" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "experiments").exists()

@@ -32,19 +32,28 @@ def parse_env(items: list[str]) -> dict[str, str]:
     return out
 
 
-def detect_gpu_type() -> tuple[str, str]:
-    """(catalog key or 'cpu' or '', device name) of this machine's first GPU, via nvidia-smi
-    (no torch import: planning stays fast)."""
-    from ..catalog import hardware
+def gpu_names() -> list[str]:
+    """Names of this machine's visible NVIDIA GPUs, via nvidia-smi (no torch import:
+    planning stays fast); [] where there is none."""
     if not shutil.which("nvidia-smi"):
-        return hardware.CPU, "CPU"
+        return []
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
-        return hardware.CPU, "CPU"
-    names = [n.strip() for n in out.stdout.splitlines() if n.strip()]
-    if out.returncode != 0 or not names:
+        return []
+    names = [n.strip() for n in out.stdout.splitlines() if n.strip()] if out.returncode == 0 else []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = names[:len([d for d in visible.split(",") if d.strip()])]
+    return names
+
+
+def detect_gpu_type() -> tuple[str, str]:
+    """(catalog key or 'cpu' or '', device name) of this machine's first GPU."""
+    from ..catalog import hardware
+    names = gpu_names()
+    if not names:
         return hardware.CPU, "CPU"
     gpu = hardware.gpu_from_device_name(names[0])
     return (gpu.key if gpu else ""), names[0]
@@ -229,10 +238,9 @@ def register(app: typer.Typer) -> None:
             print_rank_layout(out, plan)
             out.print("dry run: nothing launched")
             return
-        if plan.device == "cpu":
-            problem = cpu_memory_problem(plan)
-            if problem:
-                fail(problem)
+        problem = cpu_memory_problem(plan) if plan.device == "cpu" else local_gpu_problem(plan)
+        if problem:
+            fail(problem)
         exp_dir = new_experiment_dir(root, plan.name)
         from dataclasses import replace
         plan = replace(plan, out_dir=str(exp_dir))
@@ -286,6 +294,18 @@ def warn_if_predicted_not_to_fit(out, plan) -> None:
     ok, message = fits(plan)
     if not ok:
         out.print(f"[yellow]warning: predicted not to fit: {message}[/yellow]")
+
+
+def local_gpu_problem(plan) -> str | None:
+    """A local GPU run needs one GPU per rank on this machine."""
+    have = len(gpu_names())
+    if have == 0:
+        return (f"the plan runs on {plan.gpu_type} GPUs but this machine has no NVIDIA GPU; "
+                "use --gpu cpu (with a tiny size), --executor slurm, or --dry-run")
+    if plan.gpus > have:
+        return (f"the plan needs {plan.gpus} GPUs but this machine has {have}; use "
+                "--executor slurm for a multi-node run, or a smaller --scale")
+    return None
 
 
 def available_memory_bytes() -> int | None:
