@@ -1,9 +1,11 @@
 """A real single-node Slurm for the tests in this directory.
 
 The session fixture starts munged, slurmctld and slurmd with .ci/slurm-up.sh (see
-../shared/reference/slurm-single-node.md) and stops what it started at the end. Where
-slurm-wlm is not installed, or not as root, the tests skip with the reason; with CI=true
-they fail instead, because CI must prove the Slurm path on a real cluster.
+../shared/reference/slurm-single-node.md) and, where slurmdbd and mariadb-server are
+installed, MariaDB and slurmdbd for real accounting (sacct); it stops what it started at
+the end. Where slurm-wlm (or, for the accounting tests, slurmdbd) is not installed, or
+not as root, the tests skip with the reason; with CI=true they fail instead, because CI
+must prove the Slurm path on a real cluster.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class SlurmCluster:
     conf: Path
     """slurm.conf; SLURM_CONF points here for the whole session."""
     slurmd_log: Path
+    accounting: bool
+    """Whether jobs are accounted in slurmdbd, so that sacct answers."""
 
 
 def _config_value(key: str) -> str:
@@ -68,7 +72,9 @@ def slurm_cluster():
     patch = pytest.MonkeyPatch()
     patch.setenv("SLURM_CONF", conf)
     try:
-        yield SlurmCluster(conf=Path(conf), slurmd_log=Path(_config_value("SlurmdLogFile")))
+        yield SlurmCluster(conf=Path(conf), slurmd_log=Path(_config_value("SlurmdLogFile")),
+                           accounting=_config_value("AccountingStorageType")
+                           == "accounting_storage/slurmdbd")
     finally:
         patch.undo()
         if started_here:
@@ -87,3 +93,23 @@ def slurm_root(slurm_cluster, tmp_path, monkeypatch):
     for var in ("TRAINBENCH_FAIL_AT_STEP", "TRAINBENCH_FAIL_RANK"):
         monkeypatch.delenv(var, raising=False)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting(slurm_cluster):
+    """The cluster, with accounting up: sacct answers from slurmdbd."""
+    if not slurm_cluster.accounting:
+        configured = _config_value("AccountingStorageType") or "unknown"
+        if all(Path(p).exists() for p in ("/usr/sbin/slurmdbd", "/usr/sbin/mariadbd")):
+            # Installed but not enabled is a broken bring-up, here as in CI.
+            pytest.fail(f"slurmdbd and mariadbd are installed but the cluster runs without "
+                        f"accounting (AccountingStorageType={configured}); see "
+                        f".ci/slurm-up.sh", pytrace=False)
+        unavailable(f"Slurm accounting is off (AccountingStorageType={configured}); "
+                    "install it with: apt-get install -y slurmdbd mariadb-server")
+    proc = subprocess.run(["sacct", "-n", "-X", "-o", "JobID", "--starttime=now"],
+                          capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        pytest.fail(f"accounting is configured but sacct fails: {proc.stderr.strip()}",
+                    pytrace=False)
+    return slurm_cluster

@@ -53,3 +53,30 @@ def table_row(stdout: str, job_id: str) -> list[str]:
         if len(cells) >= 5 and cells[2] == job_id:
             return cells
     raise AssertionError(f"job {job_id} is not in the table:\n{stdout}")
+
+
+def sacct_final(job_id: str, timeout: float = 30) -> dict:
+    """sacct's record of a job once it shows a final state (accounting may lag a moment)."""
+    from trainbench.launch.jobs import FINAL, normalise_state, sacct_record
+    deadline = time.monotonic() + timeout
+    while True:
+        record = sacct_record(job_id)
+        if record and normalise_state(record["slurm_state"]) in FINAL:
+            return record
+        if time.monotonic() > deadline:
+            raise AssertionError(f"sacct has no final state for job {job_id} after "
+                                 f"{timeout:.0f} s: {record}")
+        time.sleep(0.5)
+
+
+def refresh_without_exit_record(job_id: str, root: Path) -> dict:
+    """A new history row for a finished Slurm job whose directory holds no exit.json,
+    refreshed once: what `trainbench jobs refresh` makes of it from Slurm alone."""
+    from trainbench.launch.jobs import JobsDB, refresh
+    sacct_final(job_id)
+    bare = root / f"bare-{job_id}"
+    bare.mkdir(parents=True)
+    db = JobsDB(root)
+    row = db.add("slurm", job_id, f"bare-{job_id}", str(bare), "{}", "PENDING")
+    refresh(db, [row])
+    return db.get(row)

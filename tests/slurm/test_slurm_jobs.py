@@ -2,8 +2,10 @@
 
 Each job is the tiny Llama on 2 CPU ranks: `trainbench run --executor slurm` renders the
 script, sbatch queues it, srun starts one torchrun agent that runs 2 ranks with gloo.
-States come back through `trainbench jobs refresh`; this cluster has no accounting, so
-they come from squeue, the job-completion file and the job's own exit.json.
+States come back through `trainbench jobs refresh`: from squeue while a job runs, then
+from sacct where the cluster has accounting (CI's does), else the job-completion file and
+the job's own exit.json. With accounting, each finished job is also refreshed into a
+fresh history row without exit.json, which sacct alone must settle the same way.
 """
 
 from __future__ import annotations
@@ -15,11 +17,22 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_helpers import cancel, submit_tiny, table_row, trainbench, wait_for
+from slurm_helpers import (cancel, refresh_without_exit_record, submit_tiny, table_row,
+                           trainbench, wait_for)
 
 pytestmark = pytest.mark.slurm
 
 STEP = re.compile(r"iteration (\d+)/(\d+) .*train_step_timing in s: ")
+
+
+def assert_sacct_agrees(cluster, row: dict, tmp_path: Path) -> None:
+    """With accounting, sacct alone (no exit.json) gives the row's state and exit code."""
+    if not cluster.accounting:
+        return  # test_slurm_accounting.py fails or skips for the missing accounting
+    bare = refresh_without_exit_record(row["job_id"], tmp_path / "sacct-only")
+    assert bare["state_source"] == "sacct", bare
+    assert (bare["state"], bare["exit_code"]) == (row["state"], row["exit_code"]), bare
+    assert bare["elapsed_s"] is not None
 
 
 def step_lines(exp_dir: Path, name: str) -> list[int]:
@@ -67,7 +80,8 @@ def completed_job(slurm_cluster, tmp_path_factory):
         patch.undo()
 
 
-def test_tiny_run_completes_under_srun_torchrun(completed_job, slurm_cluster, monkeypatch):
+def test_tiny_run_completes_under_srun_torchrun(completed_job, slurm_cluster, monkeypatch,
+                                                tmp_path):
     root, row = completed_job
     monkeypatch.setenv("TRAINBENCH_ROOT", str(root))
     monkeypatch.setenv("TRAINBENCH_CONFIG", str(root / "cluster.yaml"))
@@ -87,6 +101,7 @@ def test_tiny_run_completes_under_srun_torchrun(completed_job, slurm_cluster, mo
     listed = trainbench("jobs", "refresh")
     assert listed.returncode == 0, listed.stderr
     assert table_row(listed.stdout, row["job_id"])[4] == "COMPLETED"
+    assert_sacct_agrees(slurm_cluster, row, tmp_path)
 
 
 def test_results_show_success(completed_job, monkeypatch):
@@ -108,7 +123,7 @@ def test_results_show_success(completed_job, monkeypatch):
     assert db.get(row["id"])["results_json"], db.get(row["id"])["note"]
 
 
-def test_cancelled_job_shows_cancelled_and_keeps_log(slurm_root):
+def test_cancelled_job_shows_cancelled_and_keeps_log(slurm_root, slurm_cluster):
     job = submit_tiny(steps=100_000)
     try:
         exp = Path(job["exp_dir"])
@@ -124,9 +139,10 @@ def test_cancelled_job_shows_cancelled_and_keeps_log(slurm_root):
     assert (exp / f"sbatch_{job['name']}.out").exists()
     listed = trainbench("jobs", "show", str(job["id"]))
     assert listed.returncode == 0 and "CANCELLED" in listed.stdout
+    assert_sacct_agrees(slurm_cluster, row, slurm_root)
 
 
-def test_killed_rank_shows_failed_and_keeps_log(slurm_root):
+def test_killed_rank_shows_failed_and_keeps_log(slurm_root, slurm_cluster):
     # The engine SIGKILLs rank 1 at step 2, as a hardware fault would.
     job = submit_tiny("--env", "TRAINBENCH_FAIL_AT_STEP=2", "--env", "TRAINBENCH_FAIL_RANK=1",
                       steps=5)
@@ -143,6 +159,7 @@ def test_killed_rank_shows_failed_and_keeps_log(slurm_root):
     assert json.loads((exp / "exit.json").read_text())["exit_code"] != 0
     listed = trainbench("jobs", "list")
     assert table_row(listed.stdout, job["job_id"])[4] == "FAILED"
+    assert_sacct_agrees(slurm_cluster, row, slurm_root)
 
 
 def test_bulk_submits_each_run_as_its_own_job(slurm_root):

@@ -6,7 +6,8 @@ parsed results. `refresh` brings Slurm jobs up to date from, in order of authori
 squeue (a job still queued or running), sacct (when accounting is enabled), the
 job-completion file (jobcomp/filetxt, kept by clusters without accounting),
 `scontrol show job` (finished jobs Slurm still remembers) and last the job's own
-exit.json written by its script.
+exit.json written by its script. Which of them settled a job's state is kept in its
+`state_source` column.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ _SLURM_STATES = {
 }
 
 COLUMNS = ("id", "executor", "job_id", "name", "exp_dir", "plan_json", "state", "slurm_state",
-           "exit_code", "elapsed_s", "submitted", "updated", "results_json", "note")
+           "exit_code", "elapsed_s", "submitted", "updated", "results_json", "note",
+           "state_source")
+# Where a Slurm job's state last came from (the state_source column).
+SOURCES = ("squeue", "sacct", "jobcomp", "scontrol", "exit.json")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -60,7 +64,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted REAL NOT NULL,
     updated REAL NOT NULL,
     results_json TEXT,
-    note TEXT
+    note TEXT,
+    state_source TEXT
 )
 """
 
@@ -92,6 +97,14 @@ class JobsDB:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._connect() as conn:
             conn.execute(_SCHEMA)
+            # A history written before state_source existed gains the column, empty.
+            present = {row["name"] for row in conn.execute("PRAGMA table_info(jobs)")}
+            if "state_source" not in present:
+                try:
+                    conn.execute("ALTER TABLE jobs ADD COLUMN state_source TEXT")
+                except sqlite3.OperationalError as err:  # another process added it first
+                    if "duplicate column" not in str(err):
+                        raise
 
     def _connect(self) -> sqlite3.Connection:
         # Several launchers (a bulk sweep, a refresh) may write at once; wait, don't fail.
@@ -288,7 +301,8 @@ def exit_record(exp_dir: str | Path) -> dict | None:
 
 
 def slurm_status(job_id: str, exp_dir: str, jobcomp: Path | None) -> dict:
-    """The freshest facts about one Slurm job: state, slurm_state, exit_code, elapsed_s.
+    """The freshest facts about one Slurm job: state, slurm_state, exit_code, elapsed_s,
+    and state_source, the one of SOURCES that settled the state.
 
     Where Slurm cannot be asked (no squeue here, slurmctld down), only the job's own
     exit.json can settle it; otherwise the state is left as it was, with a note.
@@ -299,15 +313,21 @@ def slurm_status(job_id: str, exp_dir: str, jobcomp: Path | None) -> dict:
         own = exit_record(exp_dir)
         if own is not None:
             return {"state": "COMPLETED" if own["exit_code"] == 0 else "FAILED",
-                    "exit_code": own["exit_code"], "elapsed_s": own.get("elapsed_s")}
+                    "exit_code": own["exit_code"], "elapsed_s": own.get("elapsed_s"),
+                    "state_source": "exit.json"}
         return {"note": f"state not refreshed: {err}"}
     if raw and normalise_state(raw) in ACTIVE:
-        return {"state": normalise_state(raw), "slurm_state": raw}
-    for source in (lambda: sacct_record(job_id), lambda: jobcomp_record(job_id, jobcomp),
-                   lambda: scontrol_record(job_id)):
+        return {"state": normalise_state(raw), "slurm_state": raw, "state_source": "squeue"}
+    # A final state from the first source that has one. Accounting may lag the end of a
+    # job by a moment (still RUNNING there while squeue has let it go): then the next
+    # source answers instead.
+    for name, source in (("sacct", lambda: sacct_record(job_id)),
+                         ("jobcomp", lambda: jobcomp_record(job_id, jobcomp)),
+                         ("scontrol", lambda: scontrol_record(job_id))):
         record = source()
         if record and normalise_state(record["slurm_state"]) in FINAL:
             record["state"] = normalise_state(record["slurm_state"])
+            record["state_source"] = name
             if record["exit_code"] is None or record["elapsed_s"] is None:
                 own = exit_record(exp_dir) or {}
                 if record["exit_code"] is None:
@@ -319,10 +339,10 @@ def slurm_status(job_id: str, exp_dir: str, jobcomp: Path | None) -> dict:
     if own is not None:
         return {"state": "COMPLETED" if own["exit_code"] == 0 else "FAILED",
                 "slurm_state": None, "exit_code": own["exit_code"],
-                "elapsed_s": own.get("elapsed_s")}
+                "elapsed_s": own.get("elapsed_s"), "state_source": "exit.json"}
     if raw:
-        return {"state": normalise_state(raw), "slurm_state": raw}
-    return {"state": UNKNOWN, "slurm_state": None,
+        return {"state": normalise_state(raw), "slurm_state": raw, "state_source": "squeue"}
+    return {"state": UNKNOWN, "slurm_state": None, "state_source": None,
             "note": "Slurm no longer lists this job and it left no exit record"}
 
 

@@ -377,7 +377,8 @@ def register(app: typer.Typer) -> None:
         row = db.get(job) if db else None
         if row is None:
             fail(f"no job {job} under {where}; `trainbench jobs list` shows the ids")
-        for key in ("id", "executor", "job_id", "name", "state", "slurm_state", "exit_code"):
+        for key in ("id", "executor", "job_id", "name", "state", "slurm_state", "state_source",
+                    "exit_code"):
             typer.echo(f"{key:>12}: {'' if row[key] is None else row[key]}")
         typer.echo(f"{'elapsed':>12}: {_elapsed(row['elapsed_s'])}")
         for key in ("submitted", "updated"):
