@@ -46,3 +46,11 @@ def train(root: Path, workload: str, scale: int, *extra: str, steps: int = 3,
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (new,) = set(experiment_dirs(root)) - before
     return new
+
+
+def assert_every_parameter_trained(module) -> None:
+    """After a backward: every parameter has a finite, non-zero gradient."""
+    for name, param in module.named_parameters():
+        assert param.grad is not None, name
+        assert param.grad.isfinite().all(), name
+        assert param.grad.abs().sum() > 0, name

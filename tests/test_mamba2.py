@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import assert_every_parameter_trained
 from trainbench.catalog.models import get_model
 from trainbench.engine.models import mamba2
 from trainbench.engine.models.mamba2 import (
@@ -105,10 +106,7 @@ def test_mixer_forward_backward_reaches_every_parameter():
     assert out.shape == hidden.shape
     out.square().mean().backward()
     assert torch.isfinite(hidden.grad).all() and hidden.grad.abs().sum() > 0
-    for name, param in mixer.named_parameters():
-        assert param.grad is not None, name
-        assert torch.isfinite(param.grad).all(), name
-        assert param.grad.abs().sum() > 0, name
+    assert_every_parameter_trained(mixer)
 
 
 def test_mixer_is_causal():

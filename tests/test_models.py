@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import assert_every_parameter_trained
 from trainbench.catalog.models import MODELS, ModelSpec, get_model, parameter_count
 from trainbench.engine.models import build_model, count_parameters_meta
 from trainbench.engine.models.transformer import (
@@ -240,9 +241,7 @@ def test_tiny_nemotron4_trains_forward_backward():
     loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
     assert abs(loss.item() - math.log(spec.vocab_size)) < 0.5  # near-uniform at init
     loss.backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None and torch.isfinite(param.grad).all(), name
-        assert param.grad.abs().sum() > 0, name
+    assert_every_parameter_trained(model)
 
 
 # ------------------------------------------------------------- sizes and init

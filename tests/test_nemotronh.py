@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import assert_every_parameter_trained
 from trainbench.catalog.models import get_model, parameter_count
 from trainbench.engine.models.mamba2 import Mamba2Mixer
 from trainbench.engine.models.nemotronh import NemotronH
@@ -49,10 +50,7 @@ def test_tiny_forward_backward_reaches_every_parameter():
     logits = model(tokens)
     assert logits.shape == (2, 45, TINY.vocab_size)
     F.cross_entropy(logits.flatten(0, 1), tokens.roll(-1, 1).flatten()).backward()
-    for name, param in model.named_parameters():
-        assert param.grad is not None, name
-        assert torch.isfinite(param.grad).all(), name
-        assert param.grad.abs().sum() > 0, name
+    assert_every_parameter_trained(model)
 
 
 def test_model_is_causal():
