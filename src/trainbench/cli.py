@@ -7,7 +7,6 @@ commands import what they need inside their bodies.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Optional
 
@@ -32,10 +31,6 @@ def console():
     from rich.console import Console
     # Piped output (CI logs, `| tee`) gets wide tables instead of rich's 80 columns.
     return Console() if sys.stdout.isatty() else Console(width=200)
-
-
-def env_bool(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 WORKLOAD_OPT = typer.Option(..., "-w", "--workload", help="Workload key, e.g. pretrain_llama3.1.")

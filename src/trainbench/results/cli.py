@@ -14,6 +14,12 @@ _WINDOW_HELP = ("Iterations A-B to average, 0-based and inclusive (NeMo's 'itera
                 "is 11); default: the seeds' 11-44 of 50, scaled to each run's length.")
 _CONVENTION_HELP = "FLOPs convention for TFLOPS and MFU: 'published' (the seeds') or 'causal'."
 _FOREIGN = "For logs of other frameworks whose name does not say it: "
+# The identity of foreign logs: the same options on `results` and `plot`.
+_WORKLOAD_OPT = typer.Option(None, "-w", "--workload", help=_FOREIGN + "workload key.")
+_SIZE_OPT = typer.Option(None, "-s", "--size", help=_FOREIGN + "model size.")
+_DTYPE_OPT = typer.Option(None, "--dtype", help=_FOREIGN + "bf16 or fp8.")
+_SCALE_OPT = typer.Option(None, "--scale", help=_FOREIGN + "number of GPUs.")
+_GPU_OPT = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' is h100).")
 
 
 def _summarize(paths, window, convention, workload, size, dtype, scale, gpu):
@@ -78,12 +84,11 @@ def register(app) -> None:
         convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
         output: Optional[Path] = typer.Option(None, "-o", "--output",
                                               help="Write to this new file instead of stdout."),
-        workload: Optional[str] = typer.Option(None, "-w", "--workload",
-                                               help=_FOREIGN + "workload key."),
-        size: Optional[str] = typer.Option(None, "-s", "--size", help=_FOREIGN + "model size."),
-        dtype: Optional[str] = typer.Option(None, "--dtype", help=_FOREIGN + "bf16 or fp8."),
-        scale: Optional[int] = typer.Option(None, "--scale", help=_FOREIGN + "number of GPUs."),
-        gpu: str = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' is h100)."),
+        workload: Optional[str] = _WORKLOAD_OPT,
+        size: Optional[str] = _SIZE_OPT,
+        dtype: Optional[str] = _DTYPE_OPT,
+        scale: Optional[int] = _SCALE_OPT,
+        gpu: str = _GPU_OPT,
         records: bool = typer.Option(False, "--records", help="JSON: include every step record."),
     ):
         """Status, step times, throughput and MFU of runs, against the references.
@@ -131,12 +136,11 @@ def register(app) -> None:
                                                               "never overwritten)."),
         window: Optional[str] = typer.Option(None, "--window", help=_WINDOW_HELP),
         convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
-        workload: Optional[str] = typer.Option(None, "-w", "--workload",
-                                               help=_FOREIGN + "workload key."),
-        size: Optional[str] = typer.Option(None, "-s", "--size", help=_FOREIGN + "model size."),
-        dtype: Optional[str] = typer.Option(None, "--dtype", help=_FOREIGN + "bf16 or fp8."),
-        scale: Optional[int] = typer.Option(None, "--scale", help=_FOREIGN + "number of GPUs."),
-        gpu: str = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' is h100)."),
+        workload: Optional[str] = _WORKLOAD_OPT,
+        size: Optional[str] = _SIZE_OPT,
+        dtype: Optional[str] = _DTYPE_OPT,
+        scale: Optional[int] = _SCALE_OPT,
+        gpu: str = _GPU_OPT,
     ):
         """PNG charts of runs: scaling against the reference, step times, losses.
 
