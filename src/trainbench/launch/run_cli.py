@@ -16,22 +16,6 @@ from typing import List, Optional
 
 import typer
 
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def parse_env(items: list[str]) -> dict[str, str]:
-    """['K=V', ...] -> {K: V}; ValueError with the fix on a malformed item."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not _ENV_KEY.match(key):
-            raise ValueError(f"--env {item!r} is not KEY=VALUE with KEY a shell variable name")
-        if "\n" in value or "\0" in value:
-            raise ValueError(f"--env {key}: the value may not contain a newline or NUL")
-        out[key] = value
-    return out
-
-
 def gpu_names() -> list[str]:
     """Names of this machine's visible NVIDIA GPUs, via nvidia-smi (no torch import:
     planning stays fast); [] where there is none."""
@@ -142,17 +126,19 @@ def register(app: typer.Typer) -> None:
         if steps is None:
             steps = 1 if load_checkpoint else 5 if nccl_trace else max(25, stop + 1) if profile else 50
         from ..config import load_config
-        from .slurm import check_env, cluster_env
+        from .slurm import cluster_env, parse_env_items
         try:
-            env_vars = parse_env(env)
+            # Secrets never enter plan.json or a job script, whatever the executor: the
+            # ranks inherit them from this shell instead.
+            env_vars = parse_env_items(env, "--env")
             overrides = parse_overrides(settings)
             cluster = load_config()
-        except (ValueError, PlanError) as err:
+        except PlanError as err:
+            for problem in err.problems:
+                typer.echo(f"trainbench: error: {problem}", err=True)
+            raise typer.Exit(2)
+        except ValueError as err:
             fail(str(err).splitlines()[0])
-        # Secrets never enter plan.json or a job script, whatever the executor: the
-        # ranks inherit them from this shell instead.
-        for problem in check_env(list(env_vars.items()), "--env"):
-            fail(problem)
         if executor == "local":
             env_vars = {**dict(cluster_env(cluster)), **env_vars}
         else:
@@ -246,15 +232,21 @@ def register(app: typer.Typer) -> None:
         plan = replace(plan, out_dir=str(exp_dir))
         (exp_dir / PLAN_FILE).write_text(plan.to_json())
         out.print(f"experiment directory: {exp_dir}")
+        from ..results import summarize_experiment
+        from .jobs import JobsDB, exit_record
         from .local import run_local
-        job = record_job_start(root, plan, exp_dir)
+        db = JobsDB(root)
+        job_id = db.add("local", str(os.getpid()), plan.name, str(exp_dir), plan.to_json(),
+                        "RUNNING")
         code = run_local(plan, exp_dir)
-        record_job_end(root, job, code)
-        print_summary(out, exp_dir)
+        ended = exit_record(exp_dir) or {}
+        # Parsed once: the job history keeps what the summary prints.
+        result = summarize_experiment(exp_dir)
+        db.update(job_id, state="COMPLETED" if code == 0 else "FAILED", exit_code=code,
+                  elapsed_s=ended.get("elapsed_s"), results=result.to_dict())
+        print_summary(out, result)
         if code != 0:
-            from .experiment import EXIT_FILE
-            import json
-            reason = json.loads((exp_dir / EXIT_FILE).read_text())["reason"]
+            reason = ended.get("reason", f"exit code {code}")
             fail(f"run failed: {reason}; log kept in {exp_dir}", code=1)
 
 
@@ -336,32 +328,12 @@ def cpu_memory_problem(plan) -> str | None:
             f"size (-s tiny), a GPU machine, or --dry-run to plan it")
 
 
-def record_job_start(root, plan, exp_dir):
-    try:
-        from .jobs import JobsDB
-    except ImportError:
-        return None
-    db = JobsDB(root)
-    return db, db.add("local", str(os.getpid()), plan.name, str(exp_dir), plan.to_json(), "RUNNING")
-
-
-def record_job_end(root, job, code: int) -> None:
-    if job is None:
-        return
-    db, job_id = job
-    db.update(job_id, state="COMPLETED" if code == 0 else "FAILED", exit_code=code)
-    from .jobs import refresh
-    refresh(db, [job_id])  # elapsed from exit.json, and the parsed results
-
-
-def print_summary(out, exp_dir: Path) -> None:
-    """The run's window statistics and metrics, next to the reference where one exists."""
+def print_summary(out, r) -> None:
+    """A run's window statistics and metrics (an ExperimentResult), next to the reference
+    where one exists."""
+    from rich.markup import escape
     from rich.table import Table
 
-    from rich.markup import escape
-
-    from ..results import summarize_experiment
-    r = summarize_experiment(exp_dir)
     # Log text (error lines quote paths like "[/src/...]") is never read as rich markup.
     table = Table(title=escape(f"{r.name}: {r.status}" + (f" ({r.status_detail})"
                                                            if r.status_detail else "")),
