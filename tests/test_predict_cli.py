@@ -9,7 +9,6 @@ from typer.testing import CliRunner
 from trainbench.cli import app
 from trainbench.engine.log import StepMetrics
 from trainbench.plan import build_plan
-from trainbench.predict.perf import predict_step
 
 runner = CliRunner()
 
@@ -72,8 +71,9 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message):
 
 
 def test_search_json_lists_ranked_layouts_with_reasons():
+    # Under the framework the seed ran (Megatron's distributed optimizer), its layout is best.
     res = invoke("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8",
-                 "--search", "--top", "3", "--format", "json")
+                 "--search", "--top", "3", "--format", "json", "--sharding", "recipe")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert len(data["top"]) == 3
@@ -101,19 +101,20 @@ def write_run(root, name, plan, step_time_s, steps=20):
     (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
+# Step times of a cluster 30% slower than the one NVIDIA published on: the seeds' published
+# step times (seed 002, NeMo 2 Llama 3.1 table; seed 003, NeMo 2 Nemotron-4 table), written
+# here by hand, times 1.3. Nothing in them comes from the predictor.
+MEASURED_S = {("pretrain_llama3.1", "8b", 8): 1.3 * 12.27,
+              ("pretrain_llama3.1", "8b", 16): 1.3 * 12.3,
+              ("pretrain_nemotron4", "15b", 16): 1.3 * 2.66}
+
+
 def test_calibration_round_trip(tmp_path, cluster_config):
-    # A cluster whose GEMMs run 30% slower than the defaults assume.
     cluster_config.write_text(yaml.safe_dump({"slurm": {"partition": "batch"},
                                               "bandwidth": {"h100": {"network_gbs": 45}}}))
     runs = tmp_path / "experiments"
-    cells = [("pretrain_llama3.1", "8b", "bf16", 8), ("pretrain_llama3.1", "8b", "bf16", 16),
-             ("pretrain_nemotron4", "15b", "bf16", 16)]
-    measured = {}
-    for i, (w, s, d, g) in enumerate(cells):
-        plan = build_plan(w, s, d, g, "h100")
-        # trainbench's engine shards with FSDP2: the model predicts its runs that way.
-        measured[(w, s, g)] = 1.3 * predict_step(plan, sharding="fsdp").step_time_s
-        write_run(runs, f"run{i}", plan, measured[(w, s, g)])
+    for i, ((w, s, g), step_time) in enumerate(MEASURED_S.items()):
+        write_run(runs, f"run{i}", build_plan(w, s, "bf16", g, "h100"), step_time)
     (runs / "broken").mkdir()
     (runs / "broken" / "plan.json").write_text("{not json")
 
@@ -122,7 +123,11 @@ def test_calibration_round_trip(tmp_path, cluster_config):
     data = json.loads(res.stdout)
     cal = data["calibrations"][0]
     assert cal["gpu"] == "h100" and cal["runs"] == 3
-    assert cal["mean_abs_error_pct_before"] == pytest.approx(100 * (1 - 1 / 1.3), rel=0.01)
+    measured = sorted(r["measured_s"] for r in cal["per_run"])
+    assert measured == pytest.approx(sorted(MEASURED_S.values()))  # the window's mean
+    # The uncalibrated model expects roughly the published times, so 30% slower runs are
+    # far off before the fit and close after it.
+    assert cal["mean_abs_error_pct_before"] > 10.0
     assert cal["mean_abs_error_pct_after"] < 3.0
     assert len(data["skipped"]) == 1
 
@@ -133,11 +138,10 @@ def test_calibration_round_trip(tmp_path, cluster_config):
     assert entry["_runs"] == 3 and set(cal["fitted"]) <= set(entry)
 
     res = invoke("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8",
-                 "--sharding", "fsdp", "--format", "json")
+                 "--format", "json")
     data = json.loads(res.stdout)
     assert data["constants_source"] == "calibrated" and data["sharding"] == "fsdp"
-    assert data["step_time_s"] == pytest.approx(measured[("pretrain_llama3.1", "8b", 8)],
-                                                rel=0.03)
+    assert data["step_time_s"] == pytest.approx(1.3 * 12.27, rel=0.03)
 
 
 def test_calibrate_with_no_runs_fails_cleanly(tmp_path, cluster_config):

@@ -195,7 +195,7 @@ def register(app: typer.Typer) -> None:
 
         out = console()
         print_plan(out, plan)
-        warn_if_predicted_not_to_fit(out, plan)
+        warn_if_predicted_not_to_fit(out, plan, cluster)
         if root is None:
             from .jobs import experiments_root
             root = experiments_root(cluster)
@@ -277,15 +277,15 @@ def print_rank_layout(out, plan) -> None:
     out.print(table)
 
 
-def warn_if_predicted_not_to_fit(out, plan) -> None:
-    """The memory model's verdict before launching (a warning: models can be wrong)."""
-    try:
-        from ..predict import fits
-    except ImportError:
-        return
-    ok, message = fits(plan)
-    if not ok:
-        out.print(f"[yellow]warning: predicted not to fit: {message}[/yellow]")
+def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> None:
+    """The memory model's figure before launching: the same line `trainbench predict`
+    prints for this plan (trainbench's engine, FSDP2), a warning when it does not fit."""
+    from ..predict.memory import check_memory
+    m, line = check_memory(plan, config=config)
+    if m is not None and m.fits is False:
+        out.print(f"[yellow]warning: {line}[/yellow]", highlight=False)
+    else:
+        out.print(line, highlight=False)
 
 
 def local_gpu_problem(plan) -> str | None:

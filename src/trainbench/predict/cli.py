@@ -40,10 +40,11 @@ def register(app) -> None:
             None, "--calibrate", help="Fit the model to the experiment directories under DIR "
                                       "and store the constants in the cluster config."),
         sharding: str = typer.Option(
-            "recipe", "--sharding",
-            help="How DP shards model state: recipe (what the published run used; "
-                 "--calibrate then assumes trainbench's engine), distributed_optimizer "
-                 "(Megatron) or fsdp (trainbench's engine, FSDP2)."),
+            "engine", "--sharding",
+            help="How DP shards model state: engine (default; what `trainbench run` runs: "
+                 "FSDP2 over dp x cp, the figure run prints too), recipe (what the published "
+                 "run used: Megatron's distributed optimizer for the NeMo seeds, FSDP for "
+                 "MaxText's Llama 2), distributed_optimizer or fsdp."),
     ):
         """Predict step time, tokens/s, MFU and memory per GPU before launching."""
         from ..cli import fail
@@ -111,14 +112,15 @@ def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt
     if fmt == "json":
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
         return
-    _print_prediction(plan, data)
+    _print_prediction(plan, data, pred)
 
 
-def _print_prediction(plan, data: dict) -> None:
+def _print_prediction(plan, data: dict, pred) -> None:
     from rich.table import Table
 
     from ..catalog import hardware
     from ..cli import console
+    from .memory import verdict
     from .report import part_label
     out = console()
     lay = data["layout"]
@@ -139,11 +141,10 @@ def _print_prediction(plan, data: dict) -> None:
     summary.add_row("MFU (published FLOPs)", f"{100 * data['mfu']:.2f}%")
     summary.add_row("MFU (causal FLOPs)", f"{100 * data['mfu_causal']:.2f}%")
     summary.add_row("days per 1T tokens", f"{data['days_per_1t_tokens']:.2f}")
-    cap = data["memory_capacity_gib"]
-    verdict = "fits" if data["fits"] else "DOES NOT FIT"
-    summary.add_row("peak memory per GPU",
-                    f"{data['memory_gib']:.1f} GiB of {cap:.1f} GiB usable: {verdict}")
-    summary.add_row("model", f"sharding {data['sharding']}, constants {data['constants_source']}")
+    # The same words `trainbench run` prints for this plan (memory.check_memory).
+    summary.add_row("peak memory per GPU", verdict(pred.memory, plan.gpu_type))
+    summary.add_row("memory assumes", data["sharding_assumption"])
+    summary.add_row("constants", data["constants_source"])
     out.print(summary)
 
     parts = Table(title="Where the step goes (critical pipeline rank "
@@ -239,7 +240,7 @@ def _calibrate(directory: Path, config: dict, fmt: str, sharding: str) -> None:
              f"and metrics.jsonl on a known GPU type; {len(skipped)} skipped, {ignored} on "
              "CPU or an unknown device)")
     # Measured runs come from trainbench's engine, which shards with FSDP2.
-    run_sharding = "fsdp" if sharding == "recipe" else sharding
+    run_sharding = "engine" if sharding == "recipe" else sharding
     results = []
     new_config = dict(config)
     try:

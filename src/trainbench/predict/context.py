@@ -20,8 +20,14 @@ DISTRIBUTED_OPTIMIZER = "distributed_optimizer"
 data-parallel rank, fp32 master weights and Adam moments sharded over DP x CP."""
 FSDP = "fsdp"
 """FSDP / ZeRO-3 (trainbench's engine with FSDP2, MaxText): weights, gradients and
-optimizer state sharded; weights all-gathered per layer, gradients reduce-scattered."""
-SHARDINGS = ("recipe", DISTRIBUTED_OPTIMIZER, FSDP)
+optimizer state sharded; weights all-gathered per layer, gradients reduce-scattered.
+HSDP where the plan names dp_shard groups (MaxText's Llama 2 beyond 256 GPUs)."""
+ENGINE = "engine"
+"""What trainbench's engine runs: FSDP2 over all dp x cp ranks of every multi-rank layout.
+The engine builds no HSDP groups, so a plan's dp_shard does not apply; on one rank
+nothing is sharded. `trainbench run` and `predict` both assume it by default, so one
+plan gets one memory figure."""
+SHARDINGS = (ENGINE, "recipe", DISTRIBUTED_OPTIMIZER, FSDP)
 
 # Recipes whose framework shards with FSDP; every other seed recipe runs Megatron-LM (NeMo).
 FSDP_RECIPES = (recipes.SEED_LLAMA2, recipes.TINY)
@@ -29,9 +35,12 @@ FSDP_RECIPES = (recipes.SEED_LLAMA2, recipes.TINY)
 
 def resolve_sharding(plan: Plan, sharding: str = "recipe") -> str:
     """'recipe' picks what the plan's recipe ran under: FSDP for MaxText (Llama 2) and
-    trainbench's tiny proxies, Megatron's distributed optimizer for the NeMo recipes."""
+    trainbench's tiny proxies, Megatron's distributed optimizer for the NeMo recipes;
+    'engine' is FSDP (without the plan's HSDP groups, see make_context)."""
     if sharding not in SHARDINGS:
         raise ValueError(f"unknown sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
+    if sharding == ENGINE:
+        return FSDP
     if sharding != "recipe":
         return sharding
     return FSDP if plan.recipe_source in FSDP_RECIPES else DISTRIBUTED_OPTIMIZER
@@ -52,6 +61,8 @@ class Context:
     ranks: list[list[list[str]]]
     """Virtual stages of each pipeline rank."""
     groups: Groups
+    requested_sharding: str = "recipe"
+    """The sharding asked for ('engine', 'recipe', ...), before resolve_sharding."""
 
     @property
     def microbatches(self) -> int:
@@ -92,7 +103,9 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
                                      if n and k != "block"}
     work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}
     chunks = pipeline_chunks(plan.model, lay.pp, lay.vp)
+    dp_shard = 0 if sharding == ENGINE else lay.dp_shard
     return Context(plan=plan, device=dev, constants=consts,
                    sharding=resolve_sharding(plan, sharding), shape=shape, work=work,
                    chunks=chunks, ranks=rank_chunks(chunks, lay.pp),
-                   groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, lay.dp_shard))
+                   groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, dp_shard),
+                   requested_sharding=sharding)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..plan import Plan
-from .context import DISTRIBUTED_OPTIMIZER, FSDP, Context, make_context
+from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import GIB
 from .work import logits_bytes
 
@@ -50,6 +50,8 @@ class MemoryPrediction:
     """Bytes the allocator may use on this GPU; None where the device is unknown (CPU)."""
     sharding: str
     recompute: str
+    assumption: str = ""
+    """How model state is sharded, in words, and whose choice that is (engine or recipe)."""
 
     @property
     def fits(self) -> bool | None:
@@ -69,6 +71,36 @@ class MemoryPrediction:
         return {k: getattr(self, k) / GIB for k in
                 ("weights", "gradients", "optimizer", "activations", "logits", "transient",
                  "allowance")}
+
+
+def describe_sharding(ctx: Context) -> str:
+    """The sharding a memory figure assumes, in one phrase a reader can check against the
+    run they mean: trainbench's engine (FSDP2) or the published recipe's framework."""
+    lay = ctx.plan.layout
+    whose = {ENGINE: "trainbench's engine", "recipe": "the recipe"}.get(
+        ctx.requested_sharding, "--sharding " + ctx.requested_sharding)
+    if ctx.sharding == DISTRIBUTED_OPTIMIZER:
+        n = lay.dp * lay.cp
+        return (f"distributed optimizer ({whose}): optimizer state sharded over dp x cp = "
+                f"{n} rank{'s' if n > 1 else ''}, weights and gradients whole on every rank")
+    n, replicas = ctx.groups.fsdp.size, ctx.groups.replicas.size
+    engine = ctx.requested_sharding == ENGINE
+    name = "FSDP2" if engine else "FSDP"
+    if engine and ctx.plan.gpus == 1:
+        text = ("one rank (trainbench's engine, no FSDP): weights, gradients and optimizer "
+                "state whole")
+    elif n == 1:
+        text = (f"{name} ({whose}) with dp x cp = 1: nothing to shard, every rank holds its "
+                "weights, gradients and optimizer state whole")
+    elif replicas > 1:
+        text = (f"HSDP ({whose}): weights, gradients and optimizer state sharded over groups "
+                f"of {n} ranks (dp_shard x cp), {replicas} replicas")
+    else:
+        text = (f"{name} ({whose}): weights, gradients and optimizer state sharded over "
+                f"dp x cp = {n} ranks")
+    if engine and lay.pp > 1:
+        text += "; under PP a stage's weights and fp32 gradients stay gathered all step"
+    return text
 
 
 def in_flight_chunks(pp: int, vp: int, rank: int, microbatches: int) -> int:
@@ -144,6 +176,15 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
         if shard == 1:
             weights += (2.0 if mixed else 0.0) * params  # the bf16 compute copy
             weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
+        if ctx.requested_sharding == ENGINE and lay.pp > 1:
+            # Under PP the engine keeps FSDP units gathered after forward, and
+            # torch.distributed.pipelining defers resharding and gradient reduction to the
+            # step's last backward: the stage's compute-dtype weights stay whole all step and
+            # its gradients accumulate unsharded in fp32 (FSDP2's reduce dtype).
+            if shard > 1:
+                weights += (2.0 if mixed else 4.0) * params
+            grads += 4.0 * params
+            transient = (2.0 if mixed else 4.0) * unit  # a unit's gradient before it is added
 
     recompute = plan.recompute
     kept = {k: _kept(ctx, k, recompute) for k in kinds}
@@ -169,7 +210,8 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
     return MemoryPrediction(rank=rank, weights=weights, gradients=grads, optimizer=optimizer,
                             activations=activations, in_flight=in_flight, logits=logits,
                             transient=transient, allowance=allowance, total=total,
-                            capacity=capacity, sharding=ctx.sharding, recompute=recompute)
+                            capacity=capacity, sharding=ctx.sharding, recompute=recompute,
+                            assumption=describe_sharding(ctx))
 
 
 def memory_from_context(ctx: Context) -> MemoryPrediction:
@@ -185,8 +227,9 @@ def predict_memory(plan: Plan, *, sharding: str = "recipe", config: dict | None 
                    **kwargs) -> MemoryPrediction:
     """Peak memory per GPU on the most loaded pipeline rank.
 
-    `sharding`: 'recipe' (what the plan's recipe ran under), 'distributed_optimizer' or
-    'fsdp' (trainbench's engine). Works without a device description (capacity None).
+    `sharding`: 'engine' (what trainbench's engine runs: FSDP2 over dp x cp), 'recipe'
+    (what the plan's recipe ran under), 'distributed_optimizer' or 'fsdp'. Works without a
+    device description (capacity None).
     """
     ctx = make_context(plan, sharding=sharding, config=config, need_device=False, **kwargs)
     return memory_from_context(ctx)
@@ -194,29 +237,42 @@ def predict_memory(plan: Plan, *, sharding: str = "recipe", config: dict | None 
 
 def tensor_bytes(plan: Plan) -> float:
     """Bytes of tensors a run of trainbench's engine allocates at its peak, without the
-    fragmentation and buffer allowance: what a CPU run's allocator statistics measure.
-
-    For the check against a tiny CPU run (issue 9: within 25%) once the engine exists.
-    """
-    m = predict_memory(plan, sharding=FSDP)
+    fragmentation and buffer allowance: what a CPU run's allocator statistics measure."""
+    m = predict_memory(plan, sharding=ENGINE)
     return m.total - m.allowance
 
 
-def fits(plan: Plan, *, config: dict | None = None) -> tuple[bool, str]:
-    """Whether the plan fits the GPU's memory under trainbench's engine (FSDP2), and one
-    line saying why. A device without a known memory (CPU) always 'fits'."""
-    try:
-        m = predict_memory(plan, sharding=FSDP, config=config)
-    except (LookupError, ValueError) as err:
-        return True, f"memory not checked: {err}"
+def verdict(m: MemoryPrediction, gpu_type: str) -> str:
+    """The peak and whether it fits, as `run` and `predict` both print it."""
     if m.capacity is None:
-        return True, (f"predicted peak {m.total_gib:.1f} GiB per rank; no memory limit known "
-                      f"for {plan.gpu_type}")
+        return f"{m.total_gib:.1f} GiB (no memory limit known for {gpu_type})"
     cap = m.capacity / GIB
     if m.fits:
-        return True, f"predicted peak {m.total_gib:.1f} GiB of {cap:.1f} GiB usable per GPU"
+        return f"{m.total_gib:.1f} GiB of {cap:.1f} GiB usable: fits"
     parts = m.parts_gib()
     worst = max(parts, key=parts.get)
-    return False, (f"predicted peak {m.total_gib:.1f} GiB exceeds the {cap:.1f} GiB usable on "
-                   f"{plan.gpu_type} (largest part: {worst} {parts[worst]:.1f} GiB); try more "
-                   "tp/pp/cp, a smaller mbs or --set recompute=full")
+    return (f"{m.total_gib:.1f} GiB exceeds the {cap:.1f} GiB usable on {gpu_type}: "
+            f"DOES NOT FIT (largest part: {worst} {parts[worst]:.1f} GiB); try more "
+            "tp/pp/cp, a smaller mbs or --set recompute=full")
+
+
+def check_memory(plan: Plan, *, sharding: str = ENGINE, config: dict | None = None
+                 ) -> tuple[MemoryPrediction | None, str]:
+    """The prediction (None where the model cannot describe the plan) and one line with
+    the peak, the verdict and the sharding it assumes.
+
+    `trainbench run` and `trainbench predict` both print this line, with trainbench's
+    engine as the default sharding, so one plan has one memory figure everywhere."""
+    try:
+        m = predict_memory(plan, sharding=sharding, config=config)
+    except (LookupError, ValueError) as err:
+        return None, f"memory not checked: {err}"
+    per = "rank" if plan.device == "cpu" else "GPU"
+    return m, f"predicted peak memory per {per} {verdict(m, plan.gpu_type)}; assumes {m.assumption}"
+
+
+def fits(plan: Plan, *, sharding: str = ENGINE, config: dict | None = None) -> tuple[bool, str]:
+    """Whether the plan fits the GPU's memory, and check_memory's line. A device without
+    a known memory (CPU), or a plan the model cannot describe, 'fits'."""
+    m, line = check_memory(plan, sharding=sharding, config=config)
+    return (m is None or m.fits is not False), line

@@ -18,7 +18,7 @@ from ..plan import Plan
 from .comm import (all_gather_s, all_reduce_s, crosses_domains, p2p_s, reduce_scatter_s,
                    ring_latency_s)
 from .constants import Constants
-from .context import DISTRIBUTED_OPTIMIZER, Context, make_context
+from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import Device
 from .memory import MemoryPrediction, memory_from_context
 from .work import LayerWork, Linear
@@ -202,9 +202,16 @@ def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, 
     extra_latency = (units - 1) * ring_latency_s(g.fsdp.size, dev, c)
     ag = all_gather_s(wbytes * rt.params, g.fsdp, dev) + extra_latency if g.fsdp.size > 1 else 0.0
     rs = reduce_scatter_s(4.0 * rt.params, g.fsdp, dev) + extra_latency if g.fsdp.size > 1 else 0.0
-    e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
-    e_b, h_b = _exposed(ag + rs, 2 / 3 * t_mb, units, c)
-    exposed, hidden = (e_f + e_b) * ctx.microbatches, (h_f + h_b) * ctx.microbatches
+    if ctx.requested_sharding == ENGINE and ctx.plan.layout.pp > 1:
+        # The engine under PP: each unit is gathered once per step and its gradients are
+        # reduce-scattered once, after the last microbatch (see memory.py).
+        e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
+        e_b, h_b = _exposed(rs, 2 / 3 * t_mb, units, c)
+        exposed, hidden = e_f + e_b, h_f + h_b
+    else:
+        e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
+        e_b, h_b = _exposed(ag + rs, 2 / 3 * t_mb, units, c)
+        exposed, hidden = (e_f + e_b) * ctx.microbatches, (h_f + h_b) * ctx.microbatches
     if g.replicas.size > 1:
         # HSDP: the shard's gradients are all-reduced across replicas once per step.
         ar = all_reduce_s(4.0 * rt.params / g.fsdp.size, g.replicas, dev)

@@ -34,6 +34,7 @@ def prediction_dict(plan: Plan, pred: StepPrediction, *, overrides: dict | None 
         "workload": plan.workload, "size": plan.size, "dtype": plan.dtype,
         "gpu": plan.gpu_type, "scale": plan.gpus, "layout": layout_dict(plan),
         "sharding": pred.sharding,
+        "sharding_assumption": mem.assumption,
         "step_time_s": pred.step_time_s,
         "tokens_per_s": pred.tokens_per_s,
         "tflops_per_gpu": pred.tflops_per_gpu,
