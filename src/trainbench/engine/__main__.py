@@ -11,6 +11,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m trainbench.engine EXPERIMENT_DIR/plan.json", file=sys.stderr)
         return 2
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        die_with_parent()
     import warnings
 
     import torch
@@ -35,12 +37,28 @@ def main(argv: list[str]) -> int:
         # abort the peer after a complete run.
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-    except BaseException as exc:  # noqa: BLE001 - logged, then re-raised for torchrun
+    except BaseException as exc:  # noqa: BLE001 - every failure ends in exit code 1
+        # The traceback goes to the log and one line to the launcher: re-raising would
+        # print it again, to the terminal (torch's "[rank0]: Traceback ..." hook).
         report_failure(exp_dir, plan, exc)
-        raise
-    finally:
-        trainer.close()
+        try:
+            trainer.close()
+        except BaseException:  # noqa: BLE001 - a full disk fails the flush again; reported
+            pass
+        return 1
+    trainer.close()
     return 0
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to kill this rank when its parent (torchrun) dies, whatever kills
+    it: a rank left behind would hold its GPU and its port forever."""
+    import ctypes
+    import signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os._exit(1)
 
 
 def exit_now(code: int) -> None:

@@ -411,14 +411,36 @@ def _strip_wrappers(fqn: str) -> str:
 
 
 def report_failure(exp_dir: Path, plan: Plan, exc: BaseException) -> None:
-    """Append this rank's error to the run log (O_APPEND keeps ranks' lines whole)."""
+    """This rank's error: the traceback to the run log (O_APPEND keeps ranks' lines whole),
+    one line to stderr, which the launcher reads to name the cause of the failure."""
     rank = os.environ.get("RANK", "0")
+    line = f"[rank {rank}] trainbench engine error: {failure_line(exc)}"
     text = "".join(traceback.format_exception(exc))
-    line = f"[rank {rank}] trainbench engine error: {type(exc).__name__}: {exc}\n{text}"
     try:
         fd = os.open(exp_dir / log_file_name(plan.name), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        os.write(fd, line.encode())
+        os.write(fd, f"{line}\n{text}".encode())
         os.close(fd)
     except OSError:
-        pass
+        pass  # a full disk: the launcher still gets the line below
     print(line, file=sys.stderr, flush=True)
+
+
+def failure_line(exc: BaseException) -> str:
+    """'Type: message' on one line; a full disk anywhere in the chain (or in one rank's
+    part of a checkpoint save) is named first, as the cause of everything after it."""
+    import errno
+    seen, todo = set(), [exc]
+    while todo:
+        err = todo.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"disk full: {type(err).__name__}: {err}"
+        todo += [err.__cause__, err.__context__]
+        # torch.distributed.checkpoint's CheckpointException: {rank: (exception, trace)}
+        failures = getattr(err, "failures", None)
+        for wrapped in (failures.values() if isinstance(failures, dict) else ()):
+            todo.append(wrapped[0] if isinstance(wrapped, tuple) else wrapped)
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")

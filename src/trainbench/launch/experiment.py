@@ -43,3 +43,48 @@ def new_experiment_dir(root: str | Path, name: str) -> Path:
         except FileExistsError:
             continue
     raise RuntimeError(f"could not create a new experiment directory under {parent}")
+
+
+# --- the local launcher's identity ------------------------------------------------------------
+# A launcher killed with SIGKILL writes no exit.json. It records its pid and the kernel's start
+# time of that pid here, so `jobs` and `results` can tell a dead launcher from a live one (a
+# recycled pid has another start time) and settle the run as failed.
+
+LAUNCHER_FILE = "launcher.json"
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process pid started (clock ticks since boot), None where it does not run."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as fh:
+            stat = fh.read()
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from its end.
+    fields = stat[stat.rfind(")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def write_launcher_record(exp_dir: str | Path) -> None:
+    import json
+    pid = os.getpid()
+    record = {"pid": pid, "start_ticks": process_start_ticks(pid), "started": time.time()}
+    (Path(exp_dir) / LAUNCHER_FILE).write_text(json.dumps(record))
+
+
+def launcher_gone(exp_dir: str | Path) -> bool | None:
+    """True when the run's recorded launcher no longer runs, False while it does, None when
+    no launcher was recorded (a Slurm job, or a run older than this record)."""
+    import json
+    try:
+        record = json.loads((Path(exp_dir) / LAUNCHER_FILE).read_text())
+        pid = int(record["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ticks = process_start_ticks(pid)
+    if ticks is None:
+        return True
+    return record.get("start_ticks") is not None and ticks != record["start_ticks"]

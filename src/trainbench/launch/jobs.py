@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .experiment import EXIT_FILE, default_root
+from .experiment import EXIT_FILE, default_root, launcher_gone
 
 DB_FILE = "jobs.sqlite"
 SLURM_QUERY_TIMEOUT_S = 30
@@ -369,14 +369,28 @@ def parse_results(exp_dir: str | Path) -> tuple[dict | None, str | None]:
     return (data if isinstance(data, dict) else {"summary": data}), None
 
 
-def _launcher_alive(pid: str | None) -> bool:
-    """Whether the local launcher that recorded a job still runs (a trainbench process
-    with that pid: a recycled pid of another program does not count)."""
+def _launcher_alive(pid: str | None, exp_dir: str | Path | None = None) -> bool:
+    """Whether the local launcher that recorded a job still runs. Its launcher.json (pid
+    and start time) decides where there is one; else a trainbench process with that pid
+    (a recycled pid of another program does not count)."""
+    if exp_dir is not None:
+        gone = launcher_gone(exp_dir)
+        if gone is not None:
+            return not gone
     try:
         with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
             return b"trainbench" in fh.read()
     except (OSError, TypeError, ValueError):
         return False
+
+
+def settle_local_jobs(db: JobsDB) -> None:
+    """Settle local jobs whose launcher died (SIGKILL, a crashed machine) without writing
+    their end: `jobs list` and `jobs show` call this, so no manual refresh is needed."""
+    stale = [job["id"] for job in db.list() if job["executor"] != "slurm"
+             and job["state"] not in FINAL and not _launcher_alive(job["job_id"], job["exp_dir"])]
+    if stale:
+        refresh(db, stale)
 
 
 def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
@@ -406,9 +420,9 @@ def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
             if own is not None:
                 fields.update(state="COMPLETED" if own["exit_code"] == 0 else "FAILED",
                               exit_code=own["exit_code"], elapsed_s=own.get("elapsed_s"))
-            elif job["state"] not in FINAL and not _launcher_alive(job["job_id"]):
-                fields.update(state="FAILED", note=f"the local launcher (pid {job['job_id']}) "
-                              "ended without an exit record: it was killed")
+            elif job["state"] not in FINAL and not _launcher_alive(job["job_id"], job["exp_dir"]):
+                fields.update(state="FAILED", note=f"launcher killed: the local launcher (pid "
+                              f"{job['job_id']}) ended without an exit record")
         state = fields.get("state", job["state"])
         if state in FINAL and job["results_json"] is None:
             results, note = parse_results(job["exp_dir"])
@@ -418,6 +432,15 @@ def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
             elif "note" not in fields:
                 fields["note"] = None
         if fields:
-            db.update(job["id"], **fields)
+            try:
+                db.update(job["id"], **fields)
+            except sqlite3.OperationalError as err:
+                # A full disk (or a read-only history) must not hide the fresh state.
+                if "full" not in str(err) and "readonly" not in str(err):
+                    raise
+                shown = {**job, **fields, "note": f"not saved in the job history: {err}"}
+                shown.pop("results", None)
+                out.append(shown)
+                continue
         out.append(db.get(job["id"]))
     return out

@@ -2,7 +2,9 @@
 
 torchrun's agent watches the ranks: when one dies it stops the others, so a crash ends
 the whole job. The launcher runs torchrun in its own session and kills that whole group
-on interruption, so no rank outlives the command.
+on interruption, so no rank outlives the command. A launcher killed with SIGKILL cannot
+do that: torchrun then gets SIGTERM from the kernel (PR_SET_PDEATHSIG) and stops the
+ranks, and each rank dies with torchrun the same way (engine/__main__.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..plan import Plan
-from .experiment import EXIT_FILE, PLAN_FILE, log_file_name
+from .experiment import EXIT_FILE, PLAN_FILE, log_file_name, write_launcher_record
 
 STEP_LINE = re.compile(r"iteration (\d+)/(\d+) .*reduced_train_loss: (\S+) .*"
                        r"train_step_timing in s: (\S+)")
@@ -102,30 +104,38 @@ class Progress:
 
 
 def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int:
-    """Run the plan with torchrun; returns its exit code and writes exit.json."""
+    """Run the plan with torchrun; returns its exit code and writes exit.json.
+
+    The exit code is the one the launcher itself ends with: torchrun's, or 128 + the
+    signal that interrupted the launcher (130 for Ctrl-C, 143 for SIGTERM).
+    """
     plan_path = exp_dir / PLAN_FILE
     if plan.features.profile == "nsys":
         (exp_dir / "profile").mkdir(exist_ok=True)
     if interactive is None:
         interactive = sys.stdout.isatty()
     started = time.time()
+    write_launcher_record(exp_dir)
+    reserve = _reserve_space(exp_dir)
+    log_path = exp_dir / log_file_name(plan.name)
     proc = subprocess.Popen(torchrun_command(plan, plan_path), env=rank_environment(plan),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            errors="replace", start_new_session=True,
+                            preexec_fn=_stop_with_parent(os.getpid()))
     progress = Progress(plan.steps, interactive)
-    tail: list[str] = []
+    stream = RankOutput(progress, log_path)
+    interrupted: int | None = None
     # torchrun runs in its own session (so a Ctrl-C reaches only this launcher, which then
     # stops the ranks in order); a closed terminal or a kill must stop them the same way.
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for raw in proc.stdout:
-            text = raw.rstrip("\n")
-            tail = (tail + [text])[-200:]
-            progress.line(text)
+            stream.line(raw.rstrip("\n"))
         code = proc.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         _kill_group(proc)
-        code = 130
+        interrupted = err.args[0] if err.args else signal.SIGINT
+        code = 128 + interrupted
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -133,35 +143,234 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
         if proc.poll() is None:
             _kill_group(proc)
         _reap_group(proc)
-    reason = "completed" if code == 0 else describe_failure(code, tail)
+        # The ranks are gone: what a full disk took from them, the final records get back.
+        _release(reserve)
+    if code == 0:
+        reason = "completed"
+    elif interrupted is not None:
+        reason = describe_interruption(interrupted)
+    else:
+        reason = describe_failure(code, stream.lines, stream.errors, plan.gpus)
     record = {"exit_code": code, "reason": reason, "executor": "local",
               "elapsed_s": round(time.time() - started, 3), "ended": time.time()}
-    (exp_dir / EXIT_FILE).write_text(json.dumps(record, indent=2))
+    try:
+        (exp_dir / EXIT_FILE).write_text(json.dumps(record, indent=2))
+    except OSError as err:
+        print(f"trainbench: warning: could not write {EXIT_FILE}: {err.strerror}",
+              file=sys.stderr)
     if code != 0:
-        with open(exp_dir / log_file_name(plan.name), "a") as log:
-            log.write(f"trainbench: job failed: {reason}\n")
+        stream.to_log(f"trainbench: job failed: {reason}")
+    stream.flush()
     return code
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise KeyboardInterrupt(signum)
 
 
-def describe_failure(code: int, tail: list[str]) -> str:
-    """One line naming the failed rank and why, from torchrun's error summary."""
-    if code == 130:
-        return "interrupted (Ctrl-C, a closed terminal or a kill of the launcher)"
-    rank = exitcode = None
-    for line in tail:
-        if m := re.search(r"rank\s*:\s*(\d+)", line):
-            rank = rank or m.group(1)
-        if m := re.search(r"exitcode\s*:\s*(-?\d+)", line):
-            exitcode = exitcode or int(m.group(1))
+# --- what the ranks and torchrun print ----------------------------------------------------------
+
+# glog-style lines (torchrun's agent, c10d's C++ warnings): "W1123 06:31:20.270000 5230 ...".
+_GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
+_RANK_ERROR = re.compile(r"^\[rank (\d+)\] trainbench engine error: (.*)$")
+# torch prefixes a rank's uncaught traceback with "[rank0]:".
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
+
+
+class RankOutput:
+    """Routes torchrun's merged output: step lines and the run's own messages to the
+    terminal; torchrun's agent logs, tracebacks and everything after a rank failed to the
+    log file only (the terminal gets the one-line cause at the end)."""
+
+    def __init__(self, progress: Progress, log_path: Path):
+        self.progress = progress
+        self.log_path = log_path
+        self.failing = False
+        self.lines: list[str] = []  # torchrun's own lines, for its failure summary
+        self.errors: dict[int, str] = {}  # rank -> its one-line error, the first it printed
+        self._pending: list[str] = []
+
+    def line(self, text: str) -> None:
+        if STEP_LINE.search(text):
+            self.progress.line(text)
+            return
+        if m := _RANK_ERROR.match(text):
+            # report_failure already wrote this rank's error and traceback to the log.
+            self.errors.setdefault(int(m.group(1)), m.group(2))
+            self.failing = True
+            return
+        if any(noise in text for noise in _NOISE):
+            return
+        agent = _GLOG.match(text)
+        if (agent and text.startswith("E")) or _RANK_PREFIX.match(text) \
+                or text.startswith("Traceback (most recent call last)"):
+            self.failing = True
+        if agent or self.failing:
+            self.lines = (self.lines + [text])[-400:]
+            self.to_log(text)
+            return
+        self.progress.line(text)
+
+    def to_log(self, text: str) -> None:
+        self._pending.append(text)
+        self.flush()
+
+    def flush(self) -> None:
+        """Append what is pending to the log; on a full disk it waits for the end of the
+        run, when the launcher's reserve is free."""
+        if not self._pending:
+            return
+        try:
+            with open(self.log_path, "a") as log:
+                log.write("".join(f"{t}\n" for t in self._pending))
+            self._pending.clear()
+        except OSError:
+            self._pending = self._pending[-1000:]
+
+
+# --- why a run failed ------------------------------------------------------------------------
+
+# A rank whose peer died fails too, with one of these; it is a consequence, not the cause.
+_PEER_ERROR = re.compile(
+    r"Connection reset by peer|Connection closed by peer|Connection refused|Broken pipe|"
+    r"NCCL communicator was aborted|remote worker|Socket Timeout|timed out|"
+    r"DistNetworkError|DistBackendError|ProcessGroupNCCL|ProcessGroupGloo|Gloo connectFullMesh",
+    re.IGNORECASE)
+_DISK_FULL = re.compile(r"No space left on device|Errno 28\b|ENOSPC|Disk quota exceeded|"
+                        r"Errno 122\b|database or disk is full|^disk full", re.IGNORECASE)
+
+
+def torchrun_failures(lines: list[str]) -> tuple[dict[int, tuple[int, int | None]], set[int]]:
+    """From torchrun's output: {rank: (exit code, pid)} of the failed ranks, and the pids
+    torchrun itself stopped with a closing signal after the first failure."""
+    failures: dict[int, tuple[int, int | None]] = {}
+    closed: set[int] = set()
+    rank = None
+    for line in lines:
+        if m := re.search(r"Sending process (\d+) closing signal", line):
+            closed.add(int(m.group(1)))
+        elif m := re.search(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)",
+                            line):
+            failures.setdefault(int(m.group(2)), (int(m.group(1)), int(m.group(3))))
+        elif m := re.match(r"\s*rank\s*:\s*(\d+)", line):
+            rank = int(m.group(1))
+        elif rank is not None and (m := re.match(r"\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?",
+                                                 line)):
+            failures.setdefault(rank, (int(m.group(1)), int(m.group(2)) if m.group(2) else None))
+            rank = None
+    return failures, closed
+
+
+def first_cause(failures: dict[int, tuple[int, int | None]], closed: set[int],
+                errors: dict[int, str]) -> int | None:
+    """The rank whose failure came first by cause: killed by a signal nobody in the job
+    sent, then an error of its own, then a peer's connection error, then a rank torchrun
+    stopped itself; the lowest rank among equals."""
+    def tier(rank: int) -> int:
+        exitcode, pid = failures.get(rank, (1, None))
+        if pid is not None and pid in closed:
+            return 3
+        if exitcode < 0:
+            return 0
+        return 2 if _PEER_ERROR.search(errors.get(rank, "")) else 1
+    ranks = set(failures) | set(errors)
+    return min(ranks, key=lambda r: (tier(r), r)) if ranks else None
+
+
+def describe_failure(code: int, lines: list[str], errors: dict[int, str] | None = None,
+                     world: int = 2) -> str:
+    """One line naming the rank whose failure came first by cause, and why."""
+    errors = errors or {}
+    failures, closed = torchrun_failures(lines)
+    rank = first_cause(failures, closed, errors)
     if rank is None:
         return f"torchrun exited with code {code}"
-    what = (f"killed by {signal.Signals(-exitcode).name}" if exitcode and exitcode < 0
-            and -exitcode in signal.valid_signals() else f"exit code {exitcode}")
-    return f"rank {rank} failed ({what}); the other ranks were stopped"
+    exitcode = failures.get(rank, (None, None))[0]
+    if exitcode is not None and exitcode < 0 and -exitcode in signal.valid_signals():
+        what = f"killed by {signal.Signals(-exitcode).name}"
+    else:
+        what = f"exit code {exitcode if exitcode is not None else code}"
+    error = errors.get(rank, "")
+    text = f"rank {rank} failed ({what})"
+    if error:
+        text += f": {_shorten(error)}"
+    if world > 1:
+        text += "; the other ranks were stopped"
+    return f"disk full: {text}" if _DISK_FULL.search(error) else text
+
+
+def _shorten(message: str, limit: int = 240) -> str:
+    # gloo appends a paragraph of advice to every error; the first sentence says it.
+    message = message.split(" This is typically caused by")[0].strip()
+    return message if len(message) <= limit else message[:limit - 3] + "..."
+
+
+def describe_interruption(signum: int) -> str:
+    name = signal.Signals(signum).name
+    how = {"SIGINT": "Ctrl-C", "SIGHUP": "a closed terminal",
+           "SIGTERM": "a kill of the launcher"}.get(name, name)
+    return f"interrupted by {name} ({how}); the ranks were stopped"
+
+
+# --- the launcher's own safety ---------------------------------------------------------------
+
+# Room kept on the run's disk for the launcher's final records (exit.json, the log's last
+# line, the job history), released once the ranks are gone.
+RESERVE_BYTES = 1 << 20
+# A new run needs at least this much free space where its directory would be created.
+MIN_FREE_BYTES = 32 << 20
+
+
+def disk_space_problem(root: str | Path) -> str | None:
+    """Why a run cannot start under root for lack of space, or None."""
+    import shutil
+    where = Path(root).resolve()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return None
+    if free >= MIN_FREE_BYTES:
+        return None
+    return (f"disk full: {free / 2**20:.1f} MiB free under {where}, and a run needs at least "
+            f"{MIN_FREE_BYTES >> 20} MiB; free some space or pass --root on another disk")
+
+
+def _reserve_space(exp_dir: Path) -> Path | None:
+    path = exp_dir / ".launcher-reserve"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        finally:
+            os.close(fd)
+        return path
+    except OSError:
+        _release(path)
+        return None
+
+
+def _release(path: Path | None) -> None:
+    if path is not None:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _stop_with_parent(parent: int):
+    """preexec_fn for torchrun: it gets SIGTERM (and stops the ranks in order) when this
+    launcher dies, even by SIGKILL, which no handler of ours can catch."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def child() -> None:
+        libc.prctl(pr_set_pdeathsig, sigterm)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+    return child
 
 
 def _reap_group(proc: subprocess.Popen) -> None:

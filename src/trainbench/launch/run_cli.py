@@ -235,7 +235,9 @@ def register(app: typer.Typer) -> None:
         from ..results import summarize_experiment
         from .jobs import JobsDB, exit_record
         from .local import run_local
+        from .local import disk_space_problem
         db = JobsDB(root)
+        problem = problem or disk_space_problem(root)  # before anything is created
         job_id = db.add("local", str(os.getpid()), plan.name, str(exp_dir), plan.to_json(),
                         "RUNNING")
         code = run_local(plan, exp_dir)
@@ -247,7 +249,8 @@ def register(app: typer.Typer) -> None:
         print_summary(out, result)
         if code != 0:
             reason = ended.get("reason", f"exit code {code}")
-            fail(f"run failed: {reason}; log kept in {exp_dir}", code=1)
+            # The launcher ends as exit.json says it did (130 after a Ctrl-C, ...).
+            fail(f"run failed: {reason}; log kept in {exp_dir}", code=code)
 
 
 def print_plan(out, plan) -> None:

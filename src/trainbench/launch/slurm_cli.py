@@ -260,6 +260,7 @@ def bulk_command(
         else:
             first = plans[0]
             where = _root(root, cluster) / "experiments" / first.name / f"{first.name}_DRYRUN"
+            bulk.warn_missing_settings(tasks, plans, cluster)
             typer.echo("# job script of run 1 (the others differ only in their plan):")
             typer.echo(render_sbatch(first, where, bulk.slurm_options(tasks[0]), cluster), nl=False)
         typer.echo(f"dry run: {len(tasks)} run(s) planned, nothing launched")
@@ -364,6 +365,8 @@ def register(app: typer.Typer) -> None:
         if db is None:
             typer.echo(f"no jobs recorded under {where} yet")
             return
+        from .jobs import settle_local_jobs
+        settle_local_jobs(db)
         console().print(_jobs_table(db.list(), where))
 
     @jobs_app.command("show")
@@ -374,6 +377,9 @@ def register(app: typer.Typer) -> None:
         from .experiment import EXIT_FILE, log_file_name
         from .slurm import sbatch_output_name, script_name
         db, where = _open_db(root)
+        if db is not None:
+            from .jobs import settle_local_jobs
+            settle_local_jobs(db)
         row = db.get(job) if db else None
         if row is None:
             fail(f"no job {job} under {where}; `trainbench jobs list` shows the ids")
@@ -423,6 +429,7 @@ def register(app: typer.Typer) -> None:
         if db is None:
             typer.echo(f"no jobs recorded under {where} yet")
             return
-        refresh(db, ids or None)
-        jobs = [j for j in db.list() if not ids or j["id"] in ids]
+        # The refreshed rows as refresh saw them: on a full disk they may not be saved.
+        fresh = {j["id"]: j for j in refresh(db, ids or None)}
+        jobs = [fresh.get(j["id"], j) for j in db.list() if not ids or j["id"] in ids]
         console().print(_jobs_table(jobs, where))

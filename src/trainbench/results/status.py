@@ -2,7 +2,9 @@
 
 - Success: every iteration of the window was logged and the final iteration was reached.
 - Incomplete: steps were logged but the run stopped early, or the window has gaps.
-- Failed: no step at all (the last error line of the log says why, when there is one).
+- Failed: no step at all (the last error line of the log says why, when there is one),
+  or the run stopped early and its end says it failed (a non-zero exit code, a killed
+  launcher): the same verdict `trainbench jobs` gives it.
 - Invalid: a NaN or infinite loss or gradient norm; the timings mean nothing.
 """
 
@@ -47,11 +49,14 @@ def window_gaps(iterations: list[int], window: tuple[int, int], stride: int = 1)
 
 
 def compute_status(records: list[StepRecord], total_iterations: int | None,
-                   window: tuple[int, int], last_error: str | None = None) -> RunStatus:
+                   window: tuple[int, int], last_error: str | None = None,
+                   failed_end: bool = False) -> RunStatus:
     """Status of a run from its records (sorted by iteration, each with a step time).
 
     total_iterations is the run length the log or plan states; None when unknown, in
     which case the last logged iteration is taken as the final one and the detail says so.
+    failed_end: the run is known to have ended in failure (exit.json's non-zero exit code,
+    or a launcher that died without one), so stopping early is a failure, not a pause.
     """
     if not records:
         why = f": {last_error}" if last_error else " and no error line in the log"
@@ -74,7 +79,7 @@ def compute_status(records: list[StepRecord], total_iterations: int | None,
         detail = f"stopped at iteration {last} of 0..{final}"
         if last_error:
             detail += f": {last_error}"
-        return RunStatus(INCOMPLETE, detail)
+        return RunStatus(FAILED if failed_end else INCOMPLETE, detail)
     start, end = window
     if end > last:
         return RunStatus(INCOMPLETE, f"window {start}-{end} extends past the last iteration {last}")

@@ -18,7 +18,8 @@ from pathlib import Path
 from .. import flops as fl
 from .. import metrics
 from ..catalog import hardware, models, recipes, references
-from ..launch.experiment import EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE
+from ..launch.experiment import (EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE,
+                                 launcher_gone)
 from .infer import Identity, infer_identity
 from .parse import LogScan, StepRecord, find_last_error, read_metrics_jsonl, scan_log
 from .status import FAILED, INCOMPLETE, INVALID, SUCCESS, compute_status
@@ -326,7 +327,11 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     provisional = compute_status(scan.records, total, win or (0, 0))
     if provisional.status in (FAILED, INCOMPLETE) or (result.exit_code or 0) != 0:
         result.last_error = _last_error(log_file, facts.exit)
-    status = compute_status(scan.records, total, win or (0, 0), result.last_error)
+    status = compute_status(scan.records, total, win or (0, 0), result.last_error, failed_end)
+    elif path.is_dir() and launcher_gone(path):
+        # Killed with SIGKILL, the launcher wrote no exit.json: the run ended, and failed.
+        facts.exit = {"reason": "launcher killed: it ended without writing exit.json"}
+    failed_end = facts.exit is not None and result.exit_code != 0
     result.status, result.status_detail = status.status, status.detail
     if result.exit_code and status.status == SUCCESS:
         result.status_detail = (f"exit code {result.exit_code} after the last step"
@@ -442,6 +447,8 @@ def _last_error(log_file: Path | None, exit_info: dict | None) -> str | None:
     return line
 
 
+        if exit_info.get("executor") == "local":
+            return reason  # the local launcher already named the cause, from every rank
 def _comparability(result: ExperimentResult, facts: _RunFacts) -> None:
     features = (facts.plan or {}).get("features") or {}
     if features.get("profile"):
