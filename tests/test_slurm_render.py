@@ -475,3 +475,77 @@ def test_bulk_local_runs_each_task_through_trainbench_run(tmp_path):
     [job] = JobsDB(tmp_path).list()
     assert job["executor"] == "local" and job["state"] == "COMPLETED"
     assert dict(json.loads(job["plan_json"])["env"]) == {"X": "a $(b)"}
+
+
+# --- what a script lacks without a cluster config (real CLI runs) ----------------------------
+
+def _warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("trainbench: warning:")]
+
+
+def test_run_dry_run_without_cluster_config_names_what_is_missing(tmp_path):
+    from helpers import run_cli
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
+                  "16", "--gpu", "h100", "--executor", "slurm", "--dry-run", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (warning,) = _warnings(res.stderr)
+    assert "no account, partition or GRES set (no cluster config at" in warning
+    assert "`trainbench init --account ACCOUNT --partition PARTITION --gres gpu:8`" in warning
+    # The script it warns about: no account, partition or GRES line.
+    assert "#SBATCH --nodes=2" in res.stdout
+    assert "--account" not in res.stdout and "--partition" not in res.stdout
+    assert "--gres" not in res.stdout
+    assert not (tmp_path / "experiments").exists()
+
+
+def test_run_dry_run_with_a_full_cluster_config_is_quiet(tmp_path):
+    from helpers import run_cli
+    (tmp_path / "cluster.yaml").write_text(
+        "slurm: {account: perf, partition: batch, gres: 'gpu:8'}\n")
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
+                  "16", "--gpu", "h100", "--executor", "slurm", "--dry-run", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert _warnings(res.stderr) == []
+    assert "#SBATCH --account=perf" in res.stdout and "#SBATCH --gres=gpu:8" in res.stdout
+
+
+def test_configured_cluster_is_warned_only_about_gres_of_a_gpu_job(tmp_path):
+    from helpers import run_cli
+    (tmp_path / "cluster.yaml").write_text("slurm: {partition: batch}\n")
+    gpu = run_cli("run", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
+                  "8", "--gpu", "h100", "--executor", "slurm", "--dry-run", root=tmp_path)
+    (warning,) = _warnings(gpu.stderr)
+    assert "no GRES set in the cluster config" in warning and "account" not in warning
+    assert "`trainbench init --gres gpu:8`" in warning
+    # A CPU job needs no GRES, and an account left out after `init` is the user's choice.
+    cpu = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--dtype", "fp32", "--scale",
+                  "2", "--gpu", "cpu", "--executor", "slurm", "--dry-run", root=tmp_path)
+    assert cpu.returncode == 0 and _warnings(cpu.stderr) == []
+
+
+def test_real_submission_without_cluster_config_warns_before_sbatch(tmp_path):
+    from helpers import run_cli
+    # No Slurm here: sbatch is not on PATH, so the submission itself fails after the warning.
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
+                  "8", "--gpu", "h100", "--executor", "slurm", root=tmp_path,
+                  env={"PATH": str(tmp_path / "no-bin")})
+    (warning,) = _warnings(res.stderr)
+    assert "no account, partition or GRES set" in warning
+    assert res.returncode == 2 and "sbatch not found" in res.stderr
+    assert not list(tmp_path.glob("experiments/*/*"))  # no experiment directory kept
+
+
+def test_bulk_dry_run_without_cluster_config_warns_once(tmp_path):
+    from helpers import run_cli
+    import yaml
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "executor": "slurm", "defaults": {"gpu": "h100"},
+        "tasks": [{"workload": "pretrain_llama3.1", "size": "8b", "dtype": "bf16",
+                   "scales": [8, 16]}]}))
+    res = run_cli("bulk", str(sweep), "--dry-run", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (warning,) = _warnings(res.stderr)  # two jobs, one line
+    assert "no account, partition or GRES set" in warning
+    assert "trainbench init --account ACCOUNT --partition PARTITION --gres gpu:8" in warning
+    assert "2 run(s) planned, nothing launched" in res.stdout

@@ -294,13 +294,25 @@ def run_local_sweep(tasks: list[BulkTask], echo=print) -> list[tuple[BulkTask, i
     return results
 
 
+def warn_missing_settings(tasks: list[BulkTask], plans: list[Plan], cluster: dict) -> None:
+    """Each distinct missing-settings warning of the sweep's jobs, once, on stderr."""
+    import sys
+
+    from .slurm import missing_settings
+    lines = {missing_settings(plan, slurm_options(task), cluster)
+             for task, plan in zip(tasks, plans)}
+    for line in sorted(line for line in lines if line):
+        print(line, file=sys.stderr)
+
+
 def submit_slurm_sweep(tasks: list[BulkTask], plans: list[Plan], root: Path, cluster: dict,
                        echo=print) -> list[tuple[BulkTask, Path, str]]:
     """Submit every task as its own Slurm job; stops at the first sbatch refusal."""
     from .slurm import submit_plan
+    warn_missing_settings(tasks, plans, cluster)
     submitted = []
     for task, plan in zip(tasks, plans):
-        exp_dir, job_id = submit_plan(plan, root, slurm_options(task), cluster)
+        exp_dir, job_id = submit_plan(plan, root, slurm_options(task), cluster, warn=False)
         echo(f"{task.label()}: Slurm job {job_id}, {exp_dir}")
         submitted.append((task, exp_dir, job_id))
     return submitted

@@ -230,6 +230,51 @@ def check_options(plan, opts: SlurmOptions, cluster: dict) -> SlurmOptions:
     return opts
 
 
+def missing_settings(plan, opts: SlurmOptions, cluster: dict) -> str | None:
+    """One warning line naming the cluster settings the job script will lack, and the
+    `trainbench init` command that sets them; None when nothing is missing.
+    Options given on the command line count as set.
+
+    None of them makes sbatch fail for certain (a user's default account and the
+    cluster's default partition often exist, and a cluster may not schedule GPUs as
+    GRES), so this warns and never refuses. A GPU plan without GRES is the likely
+    failure: on a GRES cluster its ranks see no GPU."""
+    configured = bool(cluster_slurm(cluster))
+    opts = effective_options(opts, cluster)
+    # Once `trainbench init` has written the config, an empty account or partition is the
+    # user's choice (clusters without accounts, a default partition); GRES stays needed.
+    missing = [(name, option, example) for name, option, example, value, needed in (
+        ("account", "--account", "ACCOUNT", opts.account, not configured),
+        ("partition", "--partition", "PARTITION", opts.partition, not configured),
+        ("GRES", "--gres", f"gpu:{ranks_per_node(plan)}", opts.gres, plan.device != "cpu"),
+    ) if needed and not value]
+    if not missing:
+        return None
+    from ..config import config_path
+    names = [m[0] for m in missing]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    where = ("in the cluster config" if configured
+             else f"(no cluster config at {config_path()})")
+    defaults = [d for name, d in (("account", "your default account"),
+                                  ("partition", "the cluster's default partition"))
+                if name in names]
+    effects = []
+    if defaults:
+        effects.append("sbatch uses " + " and ".join(defaults))
+    if "GRES" in names:
+        effects.append("the job asks Slurm for no GPUs, so on a GRES cluster its ranks see none")
+    init = " ".join(f"{option} {example}" for _, option, example in missing)
+    return (f"trainbench: warning: no {listed} set {where}: {'; '.join(effects)}; set "
+            f"{'it' if len(missing) == 1 else 'them'} with `trainbench init {init}` "
+            f"(or pass {', '.join(m[1] for m in missing)})")
+
+
+def warn_missing_settings(plan, opts: SlurmOptions, cluster: dict) -> None:
+    line = missing_settings(plan, opts, cluster)
+    if line:
+        print(line, file=sys.stderr)
+
+
 def check_path(label: str, path: str) -> None:
     """Paths are quoted in the script; only control characters (newlines) are refused."""
     if _CONTROL.search(path):
@@ -401,6 +446,7 @@ def launch_on_slurm(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict,
     exp_dir = Path(exp_dir)
     script = render_sbatch(plan, exp_dir, opts, cluster)
     if dry_run:
+        warn_missing_settings(plan, opts, cluster)
         print(script, end="")
         return None
     script_path = exp_dir / script_name(plan.name)
@@ -412,12 +458,14 @@ def launch_on_slurm(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict,
     return job_id
 
 
-def submit_plan(plan, root: Path, opts: SlurmOptions, cluster: dict) -> tuple[Path, str]:
+def submit_plan(plan, root: Path, opts: SlurmOptions, cluster: dict,
+                warn: bool = True) -> tuple[Path, str]:
     """Validate, create a fresh experiment directory, write plan.json, submit.
 
     Bad input raises SlurmError before anything is created; when sbatch refuses the job
     the directory made for it is removed again, so a failure leaves nothing behind.
-    Returns (experiment directory, Slurm job id).
+    Returns (experiment directory, Slurm job id). `warn`: say on stderr which cluster
+    settings the script lacks (bulk says it once for the sweep instead).
     """
     import shutil
     from dataclasses import replace as with_fields
@@ -425,6 +473,8 @@ def submit_plan(plan, root: Path, opts: SlurmOptions, cluster: dict) -> tuple[Pa
     from .experiment import new_experiment_dir
 
     check_options(plan, opts, cluster)
+    if warn:
+        warn_missing_settings(plan, opts, cluster)
     exp_dir = new_experiment_dir(root, plan.name)
     try:
         check_path("experiment directory", str(exp_dir))
