@@ -19,28 +19,72 @@ def config_path() -> Path:
     return Path.home() / ".config" / "trainbench" / "cluster.yaml"
 
 
-def load_config(path: str | Path | None = None) -> dict:
-    """The config as a dict ({} when the file does not exist); ValueError when malformed."""
+FIX = "fix it, or move it aside and run `trainbench init`"
+
+
+def load_config(path: str | Path | None = None, check: bool = True) -> dict:
+    """The config as a dict ({} when the file does not exist); ValueError naming the file
+    when it cannot be read, is not YAML or (with `check`) holds a wrongly typed value."""
     import yaml
     p = Path(path) if path else config_path()
     if not p.exists():
         return {}
+    if p.is_dir():
+        raise ValueError(f"cluster config {p} is a directory, not a YAML file "
+                         "(check $TRAINBENCH_CONFIG)")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"cluster config {p} is not a text file; {FIX}") from None
+    except OSError as err:
+        raise ValueError(f"cannot read cluster config {p}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"cluster config {p} is not valid YAML: {err}".splitlines()[0]) from None
     if not isinstance(data, dict):
         raise ValueError(f"cluster config {p} must be a YAML mapping")
+    if check:
+        problem = type_problem(data)
+        if problem:
+            raise ValueError(f"cluster config {p}: {problem}; {FIX}")
     return data
+
+
+def type_problem(data: dict) -> str | None:
+    """The first key shared by several commands whose value has the wrong type: each
+    command would otherwise fail on it in its own way, far from the file."""
+    per_node = data.get("gpus_per_node")
+    if per_node is not None and (not isinstance(per_node, int) or isinstance(per_node, bool)
+                                 or per_node < 1):
+        return f"gpus_per_node {per_node!r} must be a positive integer"
+    for key in ("gpu_type", "experiments_root"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            return f"{key} {data[key]!r} must be a string"
+    for key in ("env", "slurm"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return f"{key} must be a mapping (NAME: value)"
+    return None
 
 
 def save_config(data: dict, path: str | Path | None = None) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves half a config."""
     import yaml
     p = Path(path) if path else config_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".cluster-", suffix=".yaml")
-    with os.fdopen(fd, "w") as fh:
-        yaml.safe_dump(data, fh, sort_keys=True)
-    os.replace(tmp, p)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".cluster-", suffix=".yaml")
+    except OSError as err:
+        raise ValueError(f"cannot write the cluster config {p}: {err.strerror}; set "
+                         "$TRAINBENCH_CONFIG to a writable path") from None
+    try:
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(data, fh, sort_keys=True)
+        os.replace(tmp, p)
+    except BaseException as err:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise ValueError(f"cannot write the cluster config {p}: {err.strerror}") from None
+        raise
     return p

@@ -158,6 +158,11 @@ FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
 CHOICE_KEYS = {"recompute": ("none", "selective", "full")}
 BOOL_KEYS = ("compile",)
 SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS
+# Bounds that keep a typo (an extra zero or three) from becoming a run that never ends or
+# an allocation that never fits: no benchmark needs more.
+MAX_INT = 2 ** 31 - 1
+MAX_STEPS = 10_000_000
+MAX_SCALE = 1_000_000
 
 
 def parse_overrides(items: list[str]) -> dict[str, object]:
@@ -177,8 +182,14 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
             try:
                 if key in INT_KEYS:
                     out[key] = int(value)
+                    if abs(out[key]) > MAX_INT:
+                        problems.append(f"--set {key}={value}: too large (at most {MAX_INT:,})")
+                        continue
                 elif key in FLOAT_KEYS:
                     out[key] = float(value)
+                    if not math.isfinite(out[key]):
+                        problems.append(f"--set {key}={value}: must be a finite number")
+                        continue
                 elif key in BOOL_KEYS:
                     if value.lower() not in ("true", "false", "1", "0"):
                         raise ValueError
@@ -240,6 +251,10 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     overrides = dict(overrides or {})
     dtype = dtype.lower()
     gpu_type = gpu_type.lower()
+    early = input_problems(scale, overrides, steps, features)
+    if early:
+        # Checked before anything divides by a degree or rebuilds the model with them.
+        raise PlanError(early)
     try:
         model = get_model(workload, size)
     except LookupError as err:
@@ -315,6 +330,51 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     return plan
 
 
+def input_problems(scale: int, overrides: dict, steps: int,
+                   features: Features | None) -> list[str]:
+    """Problems with the numbers a user typed, found before any of them is used."""
+    p = []
+    if not isinstance(scale, int) or scale < 1:
+        p.append(f"--scale {scale}: the scale is the number of ranks (GPUs, or processes on "
+                 "a CPU) and must be at least 1")
+    elif scale > MAX_SCALE:
+        p.append(f"--scale {scale}: at most {MAX_SCALE:,} ranks")
+    for key in ("tp", "pp", "cp", "ep", "dp", "vp"):
+        if key in overrides and overrides[key] < 1:
+            p.append(f"--set {key}={overrides[key]}: parallel degrees must be at least 1")
+    if overrides.get("dp_shard", 0) < 0:
+        p.append(f"--set dp_shard={overrides['dp_shard']}: must be 0 (all of dp) or more")
+    if "layers" in overrides and overrides["layers"] < 1:
+        p.append(f"--set layers={overrides['layers']}: a model needs at least 1 layer")
+    for key in ("mbs", "gbs", "seq_len", "gpus_per_node"):
+        if key in overrides and overrides[key] < 1:
+            p.append(f"--set {key}={overrides[key]}: must be at least 1")
+    for key in ("warmup_steps", "seed"):
+        if key in overrides and overrides[key] < 0:
+            p.append(f"--set {key}={overrides[key]}: must be 0 or more")
+    run_steps = overrides.get("steps", steps)
+    if isinstance(run_steps, int) and not 1 <= run_steps <= MAX_STEPS:
+        p.append(f"--steps {run_steps}: must be between 1 and {MAX_STEPS:,}")
+    for key in ("lr", "min_lr"):
+        value = overrides.get(key)
+        if value is not None and not (math.isfinite(value) and value > 0 if key == "lr"
+                                      else math.isfinite(value) and value >= 0):
+            p.append(f"--set {key}={value}: the learning rate must be a finite number "
+                     + ("above 0" if key == "lr" else "of 0 or more"))
+    if ("lr" in overrides and "min_lr" in overrides and not p
+            and overrides["min_lr"] > overrides["lr"]):
+        p.append(f"--set min_lr={overrides['min_lr']} is above lr={overrides['lr']}; the "
+                 "schedule decays from lr down to min_lr")
+    peak = overrides.get("peak_tflops")
+    if peak is not None and not (math.isfinite(peak) and peak > 0):
+        p.append(f"--set peak_tflops={peak}: must be a positive number")
+    f = features or Features()
+    if f.checkpoint_interval < 0:
+        p.append(f"--checkpoint-interval {f.checkpoint_interval}: must be 0 (save at the end "
+                 "only) or a positive number of steps")
+    return p
+
+
 def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
     """Every problem with a plan, one line each (empty when the plan is valid)."""
     p, m, lay = [], plan.model, plan.layout
@@ -378,6 +438,7 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
         p.append(f"profile steps {f.profile_start}-{f.profile_stop} are not all in the run "
                  f"(iterations 0-{plan.steps - 1}); use --steps {f.profile_stop + 1} or more, "
                  "or other --profile-steps")
-    if plan.peak_tflops is not None and plan.peak_tflops <= 0:
-        p.append(f"peak TFLOPS {plan.peak_tflops} must be positive")
+    if plan.peak_tflops is not None and not (math.isfinite(plan.peak_tflops)
+                                             and plan.peak_tflops > 0):
+        p.append(f"peak TFLOPS {plan.peak_tflops} must be a positive number")
     return p

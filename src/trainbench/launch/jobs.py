@@ -18,6 +18,7 @@ import re
 import sqlite3
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from .experiment import EXIT_FILE, default_root, launcher_gone
@@ -89,26 +90,80 @@ def root_of_experiment(exp_dir: Path, cluster: dict | None = None) -> Path:
     return experiments_root(cluster)
 
 
+# Writers (launchers of a bulk sweep, a refresh) hold the lock for milliseconds; a lock held
+# longer belongs to something else (an open `sqlite3` shell, a hung process), and waiting
+# for it longer only delays the message.
+LOCK_TIMEOUT_S = 5.0
+
+
+class JobsDBError(ValueError):
+    """The job history cannot be used: not a database, damaged, locked by another process
+    or impossible to create. The message is one line with the fix."""
+
+
+def db_error(path: Path, err: BaseException) -> JobsDBError | None:
+    """The JobsDBError an sqlite3 or OS error means for the history at path, or None for
+    errors a caller handles itself (a full disk while updating a job)."""
+    text = str(err)
+    if isinstance(err, sqlite3.OperationalError) and "locked" in text:
+        return JobsDBError(f"the job history {path} is locked by another process (waited "
+                           f"{LOCK_TIMEOUT_S:g} s); let it finish or stop it (`fuser {path}` "
+                           "names it), then retry")
+    if isinstance(err, sqlite3.OperationalError) and "unable to open" in text:
+        return JobsDBError(f"cannot open the job history {path}: {text}; check that it is a "
+                           "file in a writable directory, or pass another --root")
+    if isinstance(err, sqlite3.DatabaseError) and not isinstance(err, sqlite3.OperationalError):
+        return JobsDBError(f"the job history {path} is damaged or not an SQLite database "
+                           f"({text}); move it aside (mv {path} {path}.bad) and trainbench "
+                           "starts a new one")
+    if isinstance(err, OSError):
+        return JobsDBError(f"cannot create the job history {path}: {err.strerror}; pass a "
+                           "writable --root")
+    return None
+
+
+@contextmanager
+def _translated(path: Path):
+    """A locked or damaged history becomes JobsDBError; other errors pass unchanged."""
+    try:
+        yield
+    except sqlite3.Error as err:
+        raise (db_error(path, err) or err) from None
+
+
 class JobsDB:
     """The job history under one experiments root."""
 
     def __init__(self, root: str | Path):
         self.path = Path(root) / DB_FILE
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as conn:
-            conn.execute(_SCHEMA)
-            # A history written before state_source existed gains the column, empty.
-            present = {row["name"] for row in conn.execute("PRAGMA table_info(jobs)")}
-            if "state_source" not in present:
-                try:
-                    conn.execute("ALTER TABLE jobs ADD COLUMN state_source TEXT")
-                except sqlite3.OperationalError as err:  # another process added it first
-                    if "duplicate column" not in str(err):
-                        raise
+        try:
+            if self.path.is_dir():
+                raise sqlite3.OperationalError("unable to open database file: it is a directory")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._connect() as conn:
+                conn.execute(_SCHEMA)
+                # A history written before state_source existed gains the column, empty.
+                present = {row["name"] for row in conn.execute("PRAGMA table_info(jobs)")}
+                if "state_source" not in present:
+                    try:
+                        conn.execute("ALTER TABLE jobs ADD COLUMN state_source TEXT")
+                    except sqlite3.OperationalError as err:  # another process added it first
+                        if "duplicate column" not in str(err):
+                            raise
+                # A damaged file can open and still fail on the first page it reads.
+                conn.execute("SELECT id FROM jobs ORDER BY id DESC LIMIT 1").fetchall()
+        except (sqlite3.Error, OSError) as err:
+            raise (db_error(self.path, err) or err) from None
+
+    @staticmethod
+    def check(root: str | Path) -> None:
+        """JobsDBError when an existing history under root is unusable; creates nothing."""
+        if (Path(root) / DB_FILE).exists():
+            JobsDB(root)
 
     def _connect(self) -> sqlite3.Connection:
         # Several launchers (a bulk sweep, a refresh) may write at once; wait, don't fail.
-        conn = sqlite3.connect(self.path, timeout=30)
+        conn = sqlite3.connect(self.path, timeout=LOCK_TIMEOUT_S)
         conn.row_factory = sqlite3.Row
         return conn
 
@@ -116,7 +171,7 @@ class JobsDB:
             state: str) -> int:
         """Record a new job; its row id."""
         now = time.time()
-        with self._connect() as conn:
+        with _translated(self.path), self._connect() as conn:
             cur = conn.execute(
                 "INSERT INTO jobs (executor, job_id, name, exp_dir, plan_json, state, submitted,"
                 " updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -135,7 +190,7 @@ class JobsDB:
             return
         fields["updated"] = time.time()
         names = list(fields)
-        with self._connect() as conn:
+        with _translated(self.path), self._connect() as conn:
             cur = conn.execute(
                 f"UPDATE jobs SET {', '.join(f'{n} = ?' for n in names)} WHERE id = ?",
                 [fields[n] for n in names] + [id])
@@ -144,17 +199,17 @@ class JobsDB:
 
     def list(self) -> list[dict]:
         """Every job, oldest first."""
-        with self._connect() as conn:
+        with _translated(self.path), self._connect() as conn:
             return [dict(row) for row in conn.execute("SELECT * FROM jobs ORDER BY id")]
 
     def get(self, id: int) -> dict | None:
-        with self._connect() as conn:
+        with _translated(self.path), self._connect() as conn:
             row = conn.execute("SELECT * FROM jobs WHERE id = ?", (id,)).fetchone()
         return dict(row) if row else None
 
     def find(self, job_id: str, executor: str = "slurm") -> dict | None:
         """The newest job with this scheduler id."""
-        with self._connect() as conn:
+        with _translated(self.path), self._connect() as conn:
             row = conn.execute("SELECT * FROM jobs WHERE job_id = ? AND executor = ? "
                                "ORDER BY id DESC LIMIT 1", (job_id, executor)).fetchone()
         return dict(row) if row else None

@@ -57,8 +57,28 @@ def parse_ranks(text: str, scale: int) -> tuple[int, ...]:
     return ranks
 
 
+_TRUE = ("1", "true", "t", "yes", "y", "on")
+_FALSE = ("", "0", "false", "f", "no", "n", "off")
+
+
 def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    """A boolean environment variable, read as click reads ENABLE_CHECKPOINT; ValueError
+    for anything else (ENABLE_PROFILE=maybe is refused, not read as false)."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ValueError(f"{name}={os.environ[name]!r} is not a boolean; use true or false")
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer environment variable (PROFILE_START_STEP, ...); ValueError naming it."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={os.environ[name]!r} is not an integer step number") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -109,7 +129,16 @@ def register(app: typer.Typer) -> None:
 
         if executor not in ("local", "slurm"):
             fail(f"unknown executor {executor!r}; use local or slurm")
-        if profile == "" and env_flag("ENABLE_PROFILE"):
+        if scale < 1:
+            fail(f"--scale {scale}: the scale is the number of ranks (GPUs, or processes on a "
+                 "CPU) and must be at least 1")
+        try:
+            profile_env = env_flag("ENABLE_PROFILE")
+            env_start = env_int("PROFILE_START_STEP", 20)
+            env_stop = env_int("PROFILE_STOP_STEP", 25)
+        except ValueError as err:
+            fail(str(err))
+        if profile == "" and profile_env:
             profile = "torch"
         if profile not in ("", "torch", "nsys"):
             fail(f"unknown profiler {profile!r}; use torch or nsys")
@@ -121,8 +150,7 @@ def register(app: typer.Typer) -> None:
             except ValueError as err:
                 fail(str(err).replace("window", "--profile-steps"))
         else:
-            start = int(os.environ.get("PROFILE_START_STEP", start))
-            stop = int(os.environ.get("PROFILE_STOP_STEP", stop))
+            start, stop = env_start, env_stop
         if steps is None:
             steps = 1 if load_checkpoint else 5 if nccl_trace else max(25, stop + 1) if profile else 50
         from ..config import load_config

@@ -3,6 +3,7 @@ sweeps and the job history. Heavy imports stay inside the command bodies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -296,12 +297,37 @@ ROOT_OPT = typer.Option(None, "--root", envvar="TRAINBENCH_ROOT",
                              "(default: the cluster config's).")
 
 
+def _jobs_root(ctx: typer.Context, root: Optional[Path]) -> Optional[Path]:
+    """`jobs --root DIR list` as `jobs list --root DIR`: the group's --root counts unless the
+    subcommand was given its own on the command line."""
+    given = ctx.parent.params.get("root") if ctx.parent is not None else None
+    source = ctx.get_parameter_source("root")
+    if given is not None and (root is None or getattr(source, "name", "") != "COMMANDLINE"):
+        return given
+    return root
+
+
+@contextlib.contextmanager
+def _history_errors():
+    """A locked, damaged or uncreatable job history ends the command with one line."""
+    from ..cli import fail
+    from .jobs import JobsDBError
+    try:
+        yield
+    except JobsDBError as err:
+        fail(str(err))
+
+
 def _open_db(root: Optional[Path]):
     from .jobs import DB_FILE, JobsDB
     where = _root(root, _load_cluster())
     if not (where / DB_FILE).exists():
+        if where.exists() and not where.is_dir():
+            from ..cli import fail
+            fail(f"--root {where} is a file; pass the experiments root directory")
         return None, where
-    return JobsDB(where), where
+    with _history_errors():
+        return JobsDB(where), where
 
 
 def _elapsed(seconds) -> str:
@@ -355,32 +381,40 @@ def register(app: typer.Typer) -> None:
     def jobs_default(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
         """Job history: every run, its state, exit code and results (default: list)."""
         if ctx.invoked_subcommand is None:
-            jobs_list(root)
+            _list_jobs(root)
 
     @jobs_app.command("list")
-    def jobs_list(root: Optional[Path] = ROOT_OPT):
+    def jobs_list(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
         """Every recorded job, oldest first."""
+        _list_jobs(_jobs_root(ctx, root))
+
+    def _list_jobs(root: Optional[Path]) -> None:
         from ..cli import console
         db, where = _open_db(root)
         if db is None:
             typer.echo(f"no jobs recorded under {where} yet")
             return
         from .jobs import settle_local_jobs
-        settle_local_jobs(db)
-        console().print(_jobs_table(db.list(), where))
+        with _history_errors():
+            settle_local_jobs(db)
+            jobs = db.list()
+        console().print(_jobs_table(jobs, where))
 
     @jobs_app.command("show")
-    def jobs_show(job: int = typer.Argument(..., help="The job's id in `trainbench jobs`."),
+    def jobs_show(ctx: typer.Context,
+                  job: int = typer.Argument(..., help="The job's id in `trainbench jobs`."),
                   root: Optional[Path] = ROOT_OPT):
         """One job in full: state, plan, files, results; the log's tail if it failed."""
         from ..cli import fail
         from .experiment import EXIT_FILE, log_file_name
         from .slurm import sbatch_output_name, script_name
-        db, where = _open_db(root)
+        db, where = _open_db(_jobs_root(ctx, root))
+        row = None
         if db is not None:
             from .jobs import settle_local_jobs
-            settle_local_jobs(db)
-        row = db.get(job) if db else None
+            with _history_errors():
+                settle_local_jobs(db)
+                row = db.get(job)
         if row is None:
             fail(f"no job {job} under {where}; `trainbench jobs list` shows the ids")
         for key in ("id", "executor", "job_id", "name", "state", "slurm_state", "state_source",
@@ -420,16 +454,18 @@ def register(app: typer.Typer) -> None:
                         typer.echo(f"  {line}")
 
     @jobs_app.command("refresh")
-    def jobs_refresh(ids: List[int] = typer.Argument(None, help="Only these jobs (default: all)."),
+    def jobs_refresh(ctx: typer.Context,
+                     ids: List[int] = typer.Argument(None, help="Only these jobs (default: all)."),
                      root: Optional[Path] = ROOT_OPT):
         """Update states from Slurm (squeue, sacct, jobcomp or exit.json); parse results."""
         from ..cli import console
         from .jobs import refresh
-        db, where = _open_db(root)
+        db, where = _open_db(_jobs_root(ctx, root))
         if db is None:
             typer.echo(f"no jobs recorded under {where} yet")
             return
-        # The refreshed rows as refresh saw them: on a full disk they may not be saved.
-        fresh = {j["id"]: j for j in refresh(db, ids or None)}
-        jobs = [fresh.get(j["id"], j) for j in db.list() if not ids or j["id"] in ids]
+        with _history_errors():
+            # The refreshed rows as refresh saw them: on a full disk they may not be saved.
+            fresh = {j["id"]: j for j in refresh(db, ids or None)}
+            jobs = [fresh.get(j["id"], j) for j in db.list() if not ids or j["id"] in ids]
         console().print(_jobs_table(jobs, where))

@@ -250,7 +250,10 @@ def _calibrate(directory: Path, config: dict, fmt: str, sharding: str) -> None:
             new_config = store(new_config, result)
     except (CalibrationError, LookupError, ValueError) as err:
         fail(str(err))
-    path = save_config(new_config)
+    try:
+        path = save_config(new_config)
+    except ValueError as err:
+        fail(str(err))
     data = {"config": str(path), "skipped": skipped, "ignored_runs": ignored,
             "calibrations": [calibration_dict(r) for r in results]}
     if fmt == "json":
