@@ -141,18 +141,19 @@ def test_init_after_meta_build_follows_mamba2():
     mixer.to_empty(device="cpu")
     torch.manual_seed(0)
     mixer.init_weights(out_std=0.01)
-    dt = F.softplus(mixer.dt_bias)
+    dt = F.softplus(mixer.ssm.dt_bias)
     assert ((dt >= 1e-3 * (1 - 1e-5)) & (dt <= 1e-1 * (1 + 1e-5))).all()
-    minus_a = torch.exp(mixer.A_log)
-    assert mixer.A_log.dtype == torch.float32
+    minus_a = torch.exp(mixer.ssm.A_log)
+    for name in ("dt_bias", "A_log", "D"):
+        assert getattr(mixer.ssm, name).dtype == torch.float32, name
     assert ((minus_a >= 1.0 - 1e-6) & (minus_a <= 16.0 + 1e-5)).all()
-    assert (mixer.D == 1).all() and (mixer.norm_weight == 1).all()
+    assert (mixer.ssm.D == 1).all() and (mixer.norm_weight == 1).all()
     assert abs(mixer.out_proj.weight.std().item() - 0.01) < 0.002
     assert abs(mixer.in_proj.weight.std().item() - mamba2.INIT_STD) < 0.002
     for name, param in mixer.named_parameters():
         assert torch.isfinite(param).all(), name
         marked = getattr(param, "_no_weight_decay", False)
-        assert marked == (name in ("dt_bias", "A_log", "D")), name
+        assert marked == (name in ("ssm.dt_bias", "ssm.A_log", "ssm.D")), name
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -170,16 +171,79 @@ def test_shards_by_heads_and_groups_sum_to_the_full_mixer(world):
         for rank in range(world):
             idx = shard_indices(spec.mamba_heads, spec.mamba_groups, spec.mamba_head_dim,
                                 spec.mamba_state, rank, world)
+            # What tensor parallelism relies on: each is the rank-th of `world` equal,
+            # contiguous blocks of the full model's order (DTensor's Shard(0)).
+            for key, full_size in (("in_proj", full.in_proj.weight.shape[0]),
+                                   ("conv", full.conv1d.weight.shape[0]),
+                                   ("heads", spec.mamba_heads),
+                                   ("inner", full.norm_weight.shape[0])):
+                size = full_size // world
+                assert idx[key].tolist() == list(range(rank * size, (rank + 1) * size)), key
             shard = Mamba2Mixer(shard_spec)
             shard.in_proj.weight.copy_(full.in_proj.weight[idx["in_proj"]])
             shard.conv1d.weight.copy_(full.conv1d.weight[idx["conv"]])
             shard.conv1d.bias.copy_(full.conv1d.bias[idx["conv"]])
             for name in ("dt_bias", "A_log", "D"):
-                getattr(shard, name).copy_(getattr(full, name)[idx["heads"]])
+                getattr(shard.ssm, name).copy_(getattr(full.ssm, name)[idx["heads"]])
             shard.norm_weight.copy_(full.norm_weight[idx["inner"]])
             shard.out_proj.weight.copy_(full.out_proj.weight[:, idx["inner"]])
             total += shard(hidden)
         torch.testing.assert_close(total, full(hidden), atol=1e-5, rtol=1e-4)
+
+
+def reference_forward(mixer: Mamba2Mixer, hidden: torch.Tensor) -> torch.Tensor:
+    """The mixer as ../shared/reference/architectures.md writes it, with in_proj's
+    outputs in the reference order (z, x, B, C, dt, each over all heads or groups) and
+    the per-token recurrence as the scan. The mixer's own weights are read through the
+    row permutation from that order to the mixer's group-major one, written out here
+    independently of the mixer's code."""
+    H, G, P, N = mixer.n_heads, mixer.n_groups, mixer.head_dim, mixer.state_size
+    hg = H // G
+    per_group, conv_per_group = 2 * hg * P + 2 * N + hg, hg * P + 2 * N
+    z_rows = [h // hg * per_group + h % hg * P + p for h in range(H) for p in range(P)]
+    x_rows = [h // hg * per_group + hg * P + h % hg * P + p for h in range(H) for p in range(P)]
+    b_rows = [g * per_group + 2 * hg * P + n for g in range(G) for n in range(N)]
+    c_rows = [g * per_group + 2 * hg * P + N + n for g in range(G) for n in range(N)]
+    dt_rows = [h // hg * per_group + 2 * hg * P + 2 * N + h % hg for h in range(H)]
+    conv_x = [h // hg * conv_per_group + h % hg * P + p for h in range(H) for p in range(P)]
+    conv_b = [g * conv_per_group + hg * P + n for g in range(G) for n in range(N)]
+    conv_c = [g * conv_per_group + hg * P + N + n for g in range(G) for n in range(N)]
+    in_rows = z_rows + x_rows + b_rows + c_rows + dt_rows
+    conv_rows = conv_x + conv_b + conv_c
+    assert sorted(in_rows) == list(range(mixer.in_proj.weight.shape[0]))  # a permutation
+    assert sorted(conv_rows) == list(range(mixer.conv1d.weight.shape[0]))
+
+    batch, length, _ = hidden.shape
+    proj = hidden @ mixer.in_proj.weight[in_rows].T
+    z, xbc, dt = torch.split(proj, [H * P, H * P + 2 * G * N, H], dim=-1)
+    k = mixer.conv1d.weight.shape[-1]
+    xbc = F.conv1d(F.pad(xbc.transpose(1, 2), (k - 1, 0)), mixer.conv1d.weight[conv_rows],
+                   mixer.conv1d.bias[conv_rows], groups=xbc.shape[-1]).transpose(1, 2)
+    x, b, c = torch.split(F.silu(xbc), [H * P, G * N, G * N], dim=-1)
+    x = x.reshape(batch, length, H, P)
+    dt = F.softplus(dt + mixer.ssm.dt_bias)
+    a = -torch.exp(mixer.ssm.A_log)
+    y, _ = ssd_sequential(x * dt[..., None], a * dt, b.reshape(batch, length, G, N),
+                          c.reshape(batch, length, G, N))
+    y = (y + x * mixer.ssm.D[:, None]).reshape(batch, length, H * P)
+    gated = (y * F.silu(z)).reshape(batch, length, G, -1)
+    normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + mixer.eps)
+    return normed.reshape(batch, length, -1) * mixer.norm_weight @ mixer.out_proj.weight.T
+
+
+def test_mixer_is_the_reference_mixer_with_rows_grouped():
+    """The group-major storage order is a permutation of the reference's rows, nothing
+    more: the same weights, read in the reference order, give the same output."""
+    spec = dataclasses.replace(TINY, mamba_groups=4)
+    torch.manual_seed(0)
+    mixer = Mamba2Mixer(spec)
+    with torch.no_grad():  # non-trivial values where init sets constants
+        mixer.ssm.D.uniform_(0.5, 1.5)
+        mixer.norm_weight.uniform_(0.5, 1.5)
+    hidden = torch.randn(2, 37, spec.hidden)
+    with torch.no_grad():
+        torch.testing.assert_close(mixer(hidden), reference_forward(mixer, hidden),
+                                   atol=1e-5, rtol=1e-4)
 
 
 def test_shard_count_must_divide_the_groups():

@@ -105,7 +105,7 @@ def test_meta_build_then_init_equals_a_direct_build():
     for (name, got), (_, want) in zip(model.named_parameters(), direct.named_parameters()):
         torch.testing.assert_close(got, want, atol=0.0, rtol=0.0, msg=name)
     marked = {n for n, p in model.named_parameters() if getattr(p, "_no_weight_decay", False)}
-    assert marked == {f"layers.{i}.mixer.{name}" for i, kind in enumerate(TINY.pattern)
+    assert marked == {f"layers.{i}.mixer.ssm.{name}" for i, kind in enumerate(TINY.pattern)
                       if kind == "M" for name in ("dt_bias", "A_log", "D")}
 
 

@@ -7,6 +7,7 @@ commands import what they need inside their bodies.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 from typing import Optional
 
@@ -21,6 +22,23 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            typer.echo(f"trainbench {version('trainbench')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("trainbench (version unknown: not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print trainbench's version and exit.")) -> None:
+    """LLM pretraining benchmarks on PyTorch distributed: the NVIDIA recipe workloads, on
+    this machine or a Slurm cluster, compared with the published numbers."""
+
+
 def fail(message: str, code: int = 2) -> "typer.Exit":
     """One clear line on stderr and a non-zero exit; never a traceback."""
     typer.echo(f"trainbench: error: {message}", err=True)
@@ -29,8 +47,15 @@ def fail(message: str, code: int = 2) -> "typer.Exit":
 
 def console():
     from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich would exit 1; main() treats a closed pipe as the quiet success it is.
+            self.quiet = True
+            raise BrokenPipeError
+
     # Piped output (CI logs, `| tee`) gets wide tables instead of rich's 80 columns.
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    return _Console() if sys.stdout.isatty() else _Console(width=200)
 
 
 WORKLOAD_OPT = typer.Option(..., "-w", "--workload", help="Workload key, e.g. pretrain_llama3.1.")
@@ -137,11 +162,17 @@ def show(
     for col in ("dtype", "gpu", "GPUs", "seq", "layers", "TP", "PP", "CP", "EP", "DP", "VP", "MBS",
                 "GBS", "GA", "source"):
         rt.add_column(col)
+    # A source and its note can run to a paragraph: each is printed once, under the table.
+    sources: dict[str, int] = {}
     for r in rows:
+        text = r.source + (f": {r.note}" if r.note else "")
+        key = sources.setdefault(text, len(sources) + 1)
         rt.add_row(r.dtype, r.gpu_type, str(r.gpus), str(r.seq_len), str(r.layers), str(r.tp),
                    str(r.pp), str(r.cp), "NA", str(r.dp), str(r.vp) if r.vp > 1 else "NA",
-                   str(r.mbs), str(r.gbs), str(r.ga), r.source + (f" ({r.note})" if r.note else ""))
+                   str(r.mbs), str(r.gbs), str(r.ga), f"[{key}]")
     out.print(rt)
+    for text, key in sources.items():
+        out.print(f"[{key}] {text}", highlight=False, markup=False)
 
     refs = [r for r in references.references_for(workload, size)
             if (dtype is None or r.dtype == dtype.lower()) and (scale is None or r.gpus == scale)]
@@ -188,19 +219,20 @@ def flops(
     if seq_len is not None and seq_len < 1:
         fail("--seq-len must be at least 1")
     seq = seq_len or model.seq_len
-    parts = fl.flops_breakdown(model, seq, convention)
-    total = sum(parts.values())
-    for part, value in parts.items():
-        if value:
-            typer.echo(f"{part:>10}: {value:.4e}  ({100 * value / total:.1f}%)")
-    typer.echo(f"{'total':>10}: {total:.4e} FLOPs per sequence of {seq} tokens ({convention}), "
-               f"{fl.round_sig(total):.3g} as the seeds print it")
-    given = [v is not None for v in (gbs, step_time, gpus)]
-    if any(given) and not all(given):
-        fail("MFU needs all of --gbs, --step-time and --gpus")
-    if all(given):
-        if min(gbs, gpus) < 1 or step_time <= 0:
-            fail("--gbs and --gpus must be at least 1 and --step-time positive")
+    # Every option is checked before anything is printed: no table, then an error.
+    named = {"--gbs": gbs, "--step-time": step_time, "--gpus": gpus}
+    missing = [name for name, value in named.items() if value is None]
+    if 0 < len(missing) < len(named):
+        fail(f"MFU needs all of --gbs, --step-time and --gpus; add {', '.join(missing)} "
+             "(or drop the others for FLOPs alone)")
+    peak = None
+    if not missing:
+        if min(gbs, gpus) < 1:
+            fail("--gbs and --gpus must be at least 1")
+        if not math.isfinite(step_time) or step_time <= 0:
+            fail(f"--step-time must be a positive number of seconds, not {step_time:g}")
+        if peak_tflops is not None and not (math.isfinite(peak_tflops) and peak_tflops > 0):
+            fail(f"--peak-tflops must be a positive number, not {peak_tflops:g}")
         peak = peak_tflops
         if peak is None:
             try:
@@ -209,6 +241,16 @@ def flops(
                 fail(str(err))
             if peak is None:
                 fail(f"{gpu} has no {dtype} peak; pass --peak-tflops")
+    parts = fl.flops_breakdown(model, seq, convention)
+    total = sum(parts.values())
+    for part, value in parts.items():
+        if value:
+            typer.echo(f"{part:>10}: {value:.4e}  ({100 * value / total:.1f}%)")
+    line = f"{'total':>10}: {total:.4e} FLOPs per sequence of {seq} tokens ({convention})"
+    if convention == "published":  # the seeds print their own formula's figure, rounded
+        line += f", {fl.round_sig(total):.3g} as the seeds print it"
+    typer.echo(line)
+    if not missing:
         tps = metrics.tokens_per_second(seq, gbs, step_time)
         typer.echo(f"tokens/s: {tps:,.2f}  days per 1T tokens: {metrics.days_to_train(tps):.2f}")
         typer.echo(f"TFLOPS/GPU: {metrics.tflops_per_gpu(gbs, total, step_time, gpus):.1f}  "

@@ -129,11 +129,9 @@ class Trainer:
             with torch.no_grad():
                 full.init_weights()
             wanted = {_strip_wrappers(k) for k in model.state_dict()}
+            # Every layout stores each parameter in the full model's order (TP and FSDP
+            # take contiguous shards of it), so the full state dict loads as it is.
             full_sd = {k: v for k, v in full.state_dict().items() if _strip_wrappers(k) in wanted}
-            if self.dims.tp_enabled:
-                # Parameters a TP plan stores in a blocked row order (Mamba in_proj).
-                from .parallel.tp import full_state_in_tp_order
-                full_sd = full_state_in_tp_order(model, full_sd, self.dims.tp)
             set_model_state_dict(model, full_sd,
                                  options=StateDictOptions(full_state_dict=True, strict=False))
         return model

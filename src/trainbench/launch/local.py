@@ -123,7 +123,7 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
                             errors="replace", start_new_session=True,
                             preexec_fn=_stop_with_parent(os.getpid()))
     progress = Progress(plan.steps, interactive)
-    stream = RankOutput(progress, log_path)
+    stream = RankOutput(progress, log_path, announcement=f"trainbench: {plan.name} on ")
     interrupted: int | None = None
     # torchrun runs in its own session (so a Ctrl-C reaches only this launcher, which then
     # stops the ranks in order); a closed terminal or a kill must stop them the same way.
@@ -182,9 +182,11 @@ class RankOutput:
     terminal; torchrun's agent logs, tracebacks and everything after a rank failed to the
     log file only (the terminal gets the one-line cause at the end)."""
 
-    def __init__(self, progress: Progress, log_path: Path):
+    def __init__(self, progress: Progress, log_path: Path, announcement: str = ""):
         self.progress = progress
         self.log_path = log_path
+        # The engine's first line names the plan for the log; `run` has said it already.
+        self.announcement = announcement
         self.failing = False
         self.lines: list[str] = []  # torchrun's own lines, for its failure summary
         self.errors: dict[int, str] = {}  # rank -> its one-line error, the first it printed
@@ -193,6 +195,8 @@ class RankOutput:
     def line(self, text: str) -> None:
         if STEP_LINE.search(text):
             self.progress.line(text)
+            return
+        if self.announcement and text.startswith(self.announcement):
             return
         if m := _RANK_ERROR.match(text):
             # report_failure already wrote this rank's error and traceback to the log.

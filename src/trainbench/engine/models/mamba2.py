@@ -10,18 +10,29 @@ N state size, Q chunk length. Heads map to groups contiguously: head h reads gro
 h // (H / G), as in the Mamba-2 reference code.
 
 The module knows nothing of parallelism, but is written so that tensor parallelism can
-split it by heads and groups (as Megatron does) without editing it:
+split it by heads and groups (as Megatron does) with plain contiguous shards, and so that
+its parameters have one storage order in every layout (a checkpoint saved in any layout
+loads in any other with no reordering):
 - the forward takes every size from `n_heads` and `n_groups` (attributes a TP plan
   divides by the TP degree) and from the fixed `head_dim` and `state_size`, never from
   the spec;
+- `in_proj`'s rows and `conv1d`'s channels are grouped by B/C group (`group_rows`):
+  group g's z, x, B, C and dt rows, then group g+1's. A reference implementation
+  concatenates z, x, B, C and dt of all heads instead; the two differ only by a fixed
+  permutation of rows (the same model), but in this order the rows of a block of
+  consecutive groups are one contiguous block, which is exactly what DTensor's Shard(0)
+  gives a rank;
 - parameters the forward uses directly (conv1d, dt_bias, A_log, D, norm_weight) are
   read through `_local`, so a plan may hold them as DTensors sharded along their first
   axis (torchtitan's MoE experts do the same); in_proj and out_proj are plain
   nn.Linear modules for the usual column- and row-wise styles;
-- `in_proj`'s rows and `conv1d`'s channels are laid out in named sections
-  (`in_proj_sections`, `conv_sections`), and `shard_indices` says which rows, channels,
-  heads and inner channels the r-th of T shards owns, so each shard is again a
-  complete, smaller mixer whose out_proj outputs sum to the full mixer's output.
+- dt_bias, A_log and D live in their own submodule (`SSMCore`, attribute `ssm`), whose
+  forward is the scan that reads them, so FSDP can keep them fp32 under a bf16
+  mixed-precision policy by sharding that submodule as a unit of its own (its
+  `keep_fp32` flag; see engine/parallel/fsdp.py);
+- `shard_indices` says which rows, channels, heads and inner channels the r-th of T
+  shards owns: each is one contiguous block, and the shard is again a complete, smaller
+  mixer whose out_proj outputs sum to the full mixer's output.
 """
 
 from __future__ import annotations
@@ -202,6 +213,42 @@ def ssd_sequential(
 # ----------------------------------------------------------------------- mixer
 
 
+class SSMCore(nn.Module):
+    """The scan and the per-head parameters it reads: dt_bias, A_log, D (fp32).
+
+    x [b, L, H, P], raw dt [b, L, H], B and C [b, L, G, N] -> y + D*x [b, L, H, P].
+    dt = softplus(dt + dt_bias), A = -exp(A_log): both in fp32, as is the D skip's
+    product; y comes back in x's dtype.
+
+    A module of its own so that these parameters can stay fp32 when the rest of the
+    model computes in bf16: FSDP2 casts every parameter of a sharding unit to the
+    unit's compute dtype when it gathers them, so `apply_fsdp` makes each module whose
+    `keep_fp32` is True a unit with an fp32 policy. exp(A_log) spans [1, 16] and sets
+    every decay, and dt_bias sits inside a softplus near 1e-3: bf16's 3 significant
+    digits would show in both.
+    """
+
+    keep_fp32 = True
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.dt_bias = nn.Parameter(torch.empty(n_heads, dtype=torch.float32))
+        self.A_log = nn.Parameter(torch.empty(n_heads, dtype=torch.float32))
+        self.D = nn.Parameter(torch.empty(n_heads, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                chunk: int, use_kernel: bool = True) -> torch.Tensor:
+        A = -torch.exp(_local(self.A_log).float())
+        dt_bias, D = _local(self.dt_bias).float(), _local(self.D).float()
+        if use_kernel and x.is_cuda and mamba_chunk_scan_combined is not None:
+            # The kernel applies softplus(dt + dt_bias) and the D skip itself.
+            return mamba_chunk_scan_combined(
+                x, dt, A, b, c, chunk, D=D, dt_bias=dt_bias, dt_softplus=True)
+        dt = F.softplus(dt.float() + dt_bias)  # [b, L, H], fp32
+        y, _ = ssd_chunked(x * dt.unsqueeze(-1).to(x.dtype), A * dt, b, c, chunk)
+        return y + (x.float() * D.unsqueeze(-1)).to(y.dtype)
+
+
 class Mamba2Mixer(nn.Module):
     """Mamba-2 mixer: [b, L, hidden] -> [b, L, hidden].
 
@@ -209,27 +256,28 @@ class Mamba2Mixer(nn.Module):
     dt = softplus(dt + dt_bias); y = SSD(x*dt, A*dt, B, C) + D*x;
     y = rmsnorm over groups of d_inner/G of (y * silu(z)), times weight; out_proj(y).
 
-    Row layout (what a tensor-parallel plan must keep consistent):
-    - `in_proj.weight` rows, in order: z (d_inner = H*P rows, head-major: head h owns
-      rows h*P..h*P+P-1), x (d_inner, same order), B (G*N, group-major), C (G*N,
-      group-major), dt (H, one per head). `in_proj_sections()` lists them.
-    - `conv1d` channels, in order: x (d_inner), B (G*N), C (G*N): in_proj's x, B, C rows
-      in the same order. `conv_sections()` lists them.
-    - `dt_bias`, `A_log`, `D` have one entry per head; `norm_weight` and out_proj's
-      input columns follow d_inner's head-major order, and the norm's groups of
-      d_inner/G channels are exactly the channels of the heads of one B/C group.
-    Because head h belongs to group h // (H/G), a contiguous block of H/T heads and the
-    contiguous block of G/T groups they read form a self-contained piece of the mixer:
-    `shard_indices(r, T)` gives its rows. No communication is needed inside the mixer;
-    only out_proj's output is a partial sum over shards.
+    Row layout (what every parallel layout shares; see the module docstring):
+    - `in_proj.weight` rows: G blocks, one per B/C group g, each holding in order z and x
+      of the group's H/G heads (head-major: (H/G)*P rows each), B_g (N rows), C_g
+      (N rows) and dt of its heads (H/G rows). `group_rows()` lists one block.
+    - `conv1d` channels: G blocks of x, B_g, C_g, the same rows of in_proj in the same
+      order.
+    - `ssm.dt_bias`, `ssm.A_log`, `ssm.D` have one entry per head; `norm_weight` and
+      out_proj's input columns follow d_inner's head-major order, and the norm's groups
+      of d_inner/G channels are exactly the channels of the heads of one B/C group.
+    Because head h belongs to group h // (H/G), a contiguous block of G/T groups and
+    their heads form a self-contained piece of the mixer, and in this layout its rows
+    of every parameter are one contiguous block: `shard_indices(r, T)` gives them. No
+    communication is needed inside the mixer; only out_proj's output is a partial sum
+    over shards.
 
-    dt_bias, A_log and D take no weight decay: each carries `_no_weight_decay = True`
-    (set again by init_weights, since to_empty and FSDP replace parameter objects), and
-    `no_weight_decay_names` lists them by name for optimizer builders that work on
-    names.
+    ssm.dt_bias, ssm.A_log and ssm.D take no weight decay: each carries
+    `_no_weight_decay = True` (set again by init_weights, since to_empty and FSDP
+    replace parameter objects), and `no_weight_decay_names` lists them by name for
+    optimizer builders that work on names.
     """
 
-    no_weight_decay_names = ("dt_bias", "A_log", "D")
+    no_weight_decay_names = ("ssm.dt_bias", "ssm.A_log", "ssm.D")
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -254,11 +302,7 @@ class Mamba2Mixer(nn.Module):
         self.conv1d = nn.Conv1d(
             conv_channels, conv_channels, spec.mamba_conv_kernel, groups=conv_channels,
             padding=spec.mamba_conv_kernel - 1, bias=True)
-        self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
-        # Created in fp32 and always read as fp32: exp(A_log) spans [1, 16] and sets every
-        # decay, where bf16's 3 significant digits would show.
-        self.A_log = nn.Parameter(torch.empty(self.n_heads, dtype=torch.float32))
-        self.D = nn.Parameter(torch.empty(self.n_heads))
+        self.ssm = SSMCore(self.n_heads)
         self.norm_weight = nn.Parameter(torch.empty(d_inner))
         self.out_proj = nn.Linear(d_inner, spec.hidden, bias=False)
         self._mark_no_weight_decay()
@@ -266,20 +310,18 @@ class Mamba2Mixer(nn.Module):
 
     # -- layout ---------------------------------------------------------------
 
-    def in_proj_sections(self) -> list[tuple[str, int]]:
-        """(name, rows) of in_proj's output, in order, at this module's (local) sizes."""
-        d_inner, bc = self.n_heads * self.head_dim, self.n_groups * self.state_size
-        return [("z", d_inner), ("x", d_inner), ("B", bc), ("C", bc), ("dt", self.n_heads)]
-
-    def conv_sections(self) -> list[tuple[str, int]]:
-        """(name, channels) of conv1d, in order, at this module's (local) sizes."""
-        return [s for s in self.in_proj_sections() if s[0] in ("x", "B", "C")]
+    def group_rows(self) -> list[tuple[str, int]]:
+        """(name, rows) of one group's block of in_proj's output, in order."""
+        heads = self.n_heads // self.n_groups
+        inner = heads * self.head_dim
+        return [("z", inner), ("x", inner), ("B", self.state_size), ("C", self.state_size),
+                ("dt", heads)]
 
     # -- parameters -----------------------------------------------------------
 
     def _mark_no_weight_decay(self) -> None:
         for name in self.no_weight_decay_names:
-            getattr(self, name)._no_weight_decay = True
+            self.get_parameter(name)._no_weight_decay = True
 
     @torch.no_grad()
     def init_weights(self, out_std: float) -> None:
@@ -290,14 +332,15 @@ class Mamba2Mixer(nn.Module):
         """
         nn.init.normal_(self.in_proj.weight, std=INIT_STD)
         self.conv1d.reset_parameters()  # PyTorch's default (Kaiming uniform), as Mamba-2
+        ssm = self.ssm
         # dt_bias = softplus^-1(dt) for dt log-uniform in [DT_MIN, DT_MAX], so that
         # softplus(0 + dt_bias) starts at that dt.
-        log_dt = torch.empty_like(self.dt_bias, dtype=torch.float32).uniform_(
+        log_dt = torch.empty_like(ssm.dt_bias, dtype=torch.float32).uniform_(
             math.log(DT_MIN), math.log(DT_MAX))
         dt = torch.exp(log_dt).clamp(min=DT_INIT_FLOOR)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
-        self.A_log.copy_(torch.log(torch.empty_like(self.A_log).uniform_(*A_INIT_RANGE)))
-        nn.init.ones_(self.D)
+        ssm.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        ssm.A_log.copy_(torch.log(torch.empty_like(ssm.A_log).uniform_(*A_INIT_RANGE)))
+        nn.init.ones_(ssm.D)
         nn.init.ones_(self.norm_weight)
         nn.init.normal_(self.out_proj.weight, std=out_std)
         self._mark_no_weight_decay()
@@ -307,17 +350,19 @@ class Mamba2Mixer(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [b, L, hidden] -> [b, L, hidden]."""
         batch, length, _ = hidden.shape
-        sizes = [rows for _, rows in self.in_proj_sections()]
-        z, x, b, c, dt = torch.split(self.in_proj(hidden), sizes, dim=-1)
+        rows = dict(self.group_rows())
+        # [b, L, G, rows of one group]: the sections are split within each group.
+        zxbcdt = self.in_proj(hidden).unflatten(-1, (self.n_groups, -1))
+        z, xbc, dt = torch.split(
+            zxbcdt, [rows["z"], rows["x"] + rows["B"] + rows["C"], rows["dt"]], dim=-1)
 
-        xbc = self._causal_conv(torch.cat([x, b, c], dim=-1))
-        x, b, c = torch.split(F.silu(xbc), sizes[1:4], dim=-1)
-        x = x.unflatten(-1, (self.n_heads, self.head_dim))
-        b = b.unflatten(-1, (self.n_groups, self.state_size))
-        c = c.unflatten(-1, (self.n_groups, self.state_size))
+        xbc = F.silu(self._causal_conv(xbc.flatten(2))).unflatten(-1, (self.n_groups, -1))
+        x, b, c = torch.split(xbc, [rows["x"], rows["B"], rows["C"]], dim=-1)
+        # Group-major heads are head-major: head h is head h % (H/G) of group h // (H/G).
+        x = x.reshape(batch, length, self.n_heads, self.head_dim)
 
-        y = self._ssm(x, dt, b, c)
-        return self.out_proj(self._gated_norm(y.flatten(2), z))
+        y = self.ssm(x, dt.flatten(2), b, c, self.chunk, self.use_kernel)
+        return self.out_proj(self._gated_norm(y.flatten(2), z.flatten(2)))
 
     def _causal_conv(self, xbc: torch.Tensor) -> torch.Tensor:
         """Depthwise conv along L; padding k-1 on both sides, first L outputs kept, so
@@ -327,20 +372,6 @@ class Mamba2Mixer(nn.Module):
             xbc.transpose(1, 2), _local(self.conv1d.weight), _local(self.conv1d.bias),
             padding=self.conv1d.padding, groups=channels)  # channels: local under TP
         return out[..., :length].transpose(1, 2)
-
-    def _ssm(
-        self, x: torch.Tensor, dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor
-    ) -> torch.Tensor:
-        """x [b, L, H, P], raw dt [b, L, H], B and C [b, L, G, N] -> y + D*x [b, L, H, P]."""
-        A = -torch.exp(_local(self.A_log).float())
-        dt_bias, D = _local(self.dt_bias), _local(self.D)
-        if self.use_kernel and x.is_cuda and mamba_chunk_scan_combined is not None:
-            # The kernel applies softplus(dt + dt_bias) and the D skip itself.
-            return mamba_chunk_scan_combined(
-                x, dt, A, b, c, self.chunk, D=D, dt_bias=dt_bias, dt_softplus=True)
-        dt = F.softplus(dt.float() + dt_bias.float())  # [b, L, H], fp32
-        y, _ = ssd_chunked(x * dt.unsqueeze(-1).to(x.dtype), A * dt, b, c, self.chunk)
-        return y + x * D.to(x.dtype).unsqueeze(-1)
 
     def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """rmsnorm(y * silu(z)) over groups of d_inner/G channels, times weight (fp32)."""
@@ -354,12 +385,13 @@ def shard_indices(
 ) -> dict[str, torch.Tensor]:
     """Which entries of a full mixer's tensors the `rank`-th of `world` shards owns.
 
-    Shard r owns heads r*H/T .. (r+1)*H/T - 1 and the groups r*G/T .. (r+1)*G/T - 1 they
-    read (T must divide G). Returns int64 index tensors into the full sizes:
-    - 'in_proj': rows of in_proj.weight (its z, x, B, C and dt rows for those heads and
-      groups, in in_proj's section order);
-    - 'conv': channels of conv1d.weight and conv1d.bias (x, B, C);
-    - 'heads': entries of dt_bias, A_log and D;
+    Shard r owns the groups r*G/T .. (r+1)*G/T - 1 and their heads (T must divide G).
+    In the mixer's group-major layout each of its index sets is one contiguous block,
+    the r-th of T equal blocks, which is what a plain Shard(0) gives rank r. Returns
+    int64 index tensors into the full sizes:
+    - 'in_proj': rows of in_proj.weight;
+    - 'conv': channels of conv1d.weight and conv1d.bias;
+    - 'heads': entries of ssm.dt_bias, ssm.A_log and ssm.D;
     - 'inner': entries of norm_weight and columns of out_proj.weight.
     A mixer built with n_heads/T heads and n_groups/T groups holding these slices is
     shard r; the shards' outputs sum to the full mixer's output.
@@ -369,19 +401,14 @@ def shard_indices(
             f"cannot split {n_heads} heads in {n_groups} groups over {world} shards: "
             "the shard count must divide the group count")
     d_inner, bc = n_heads * head_dim, n_groups * state_size
-    heads_per, bc_per, inner_per = n_heads // world, bc // world, d_inner // world
 
-    def block(start: int, size: int, index: int) -> torch.Tensor:
-        return torch.arange(start + index * size, start + (index + 1) * size)
+    def block(total: int) -> torch.Tensor:
+        size = total // world
+        return torch.arange(rank * size, (rank + 1) * size)
 
-    inner = block(0, inner_per, rank)
-    x_rows = block(d_inner, inner_per, rank)
-    b_rows = block(2 * d_inner, bc_per, rank)
-    c_rows = block(2 * d_inner + bc, bc_per, rank)
-    dt_rows = block(2 * d_inner + 2 * bc, heads_per, rank)
     return {
-        "in_proj": torch.cat([inner, x_rows, b_rows, c_rows, dt_rows]),
-        "conv": torch.cat([inner, block(d_inner, bc_per, rank), block(d_inner + bc, bc_per, rank)]),
-        "heads": block(0, heads_per, rank),
-        "inner": inner,
+        "in_proj": block(2 * d_inner + 2 * bc + n_heads),
+        "conv": block(d_inner + 2 * bc),
+        "heads": block(n_heads),
+        "inner": block(d_inner),
     }

@@ -83,13 +83,15 @@ TRANSFORMER_PLAN: dict[str, ParallelStyle] = {
 
 
 class MambaMixerParallel(ParallelStyle):
-    """Split a Mamba-2 mixer by heads and groups (Megatron's layout; see mamba2.py).
+    """Split a Mamba-2 mixer by heads and groups, as Megatron does (see mamba2.py).
 
     Rank r keeps a contiguous block of H/T heads and the G/T groups they read, which is
     again a complete, smaller mixer: in_proj column-parallel, out_proj row-parallel, the
     per-channel conv and per-head parameters sharded along their first axis, and no
-    communication inside. in_proj's rows and conv1d's channels are stored in TP-blocked
-    order (`tp_row_order`), so that each rank's rows are one contiguous shard.
+    communication inside. The mixer stores in_proj's rows and conv1d's channels grouped
+    by B/C group (mamba2.py), so a rank's rows are one contiguous block of the full
+    model's order: plain Shard(0) everywhere, and a checkpoint saved in any layout
+    holds the same tensors in the same order.
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -102,7 +104,8 @@ class MambaMixerParallel(ParallelStyle):
             "out_proj": RowwiseParallel(output_layouts=Shard(1)),
         })
         _gather_input()._apply(module, device_mesh)
-        for name in ("conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D", "norm_weight"):
+        for name in ("conv1d.weight", "conv1d.bias", "ssm.dt_bias", "ssm.A_log", "ssm.D",
+                     "norm_weight"):
             owner_name, _, attr = name.rpartition(".")
             owner = module.get_submodule(owner_name)
             param = getattr(owner, attr)
@@ -115,18 +118,6 @@ class MambaMixerParallel(ParallelStyle):
         module.n_heads //= tp
         module.n_groups //= tp
         return module
-
-
-def tp_row_order(n_heads: int, n_groups: int, head_dim: int, state_size: int,
-                 tp: int) -> dict[str, torch.Tensor]:
-    """Rows of a full mixer's parameters in the order the TP-sharded mixer stores them
-    (rank 0's rows, then rank 1's, ...). Keys are parameter names inside the mixer;
-    parameters not listed keep their order (their shards are already contiguous)."""
-    from ..models.mamba2 import shard_indices
-    shards = [shard_indices(n_heads, n_groups, head_dim, state_size, r, tp) for r in range(tp)]
-    conv = torch.cat([s["conv"] for s in shards])
-    return {"in_proj.weight": torch.cat([s["in_proj"] for s in shards]),
-            "conv1d.weight": conv, "conv1d.bias": conv}
 
 
 def nemotronh_plan(model: nn.Module) -> dict[str, ParallelStyle]:
@@ -173,29 +164,3 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> 
         raise ValueError(f"no tensor-parallel plan for model family {family!r}; "
                          f"families with one: {', '.join(PLANS)}")
     parallelize_module(model, tp_mesh, resolve_plan(model, PLANS[family](model)))
-
-
-def full_state_in_tp_order(model: nn.Module, full_state: dict[str, torch.Tensor],
-                           tp: int) -> dict[str, torch.Tensor]:
-    """A full state dict (unwrapped names) with rows reordered as the TP-sharded `model`
-    stores them, ready for set_model_state_dict. Only Mamba-2 mixers reorder anything."""
-    from ..models.mamba2 import Mamba2Mixer
-    out = dict(full_state)
-    for name, module in model.named_modules():
-        if not isinstance(module, Mamba2Mixer):
-            continue
-        # The sharded mixer's n_heads and n_groups are this rank's share.
-        orders = tp_row_order(module.n_heads * tp, module.n_groups * tp, module.head_dim,
-                              module.state_size, tp)
-        for param, order in orders.items():
-            key = unwrapped_name(f"{name}.{param}")
-            if key in out:
-                out[key] = out[key].index_select(0, order)
-    return out
-
-
-def unwrapped_name(fqn: str) -> str:
-    """A parameter name without activation-checkpoint / compile / FSDP wrapper parts."""
-    for wrapper in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        fqn = fqn.replace(wrapper, "")
-    return fqn
