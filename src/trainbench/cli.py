@@ -266,12 +266,71 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:
+def _click_exceptions() -> list:
+    """The modules whose UsageError/Abort the app may raise: Typer >= 0.17 vendors its
+    own copy of click, older Typer uses click itself."""
+    found = []
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return found
+
+
+def usage_error_line(err) -> str:
+    """A usage error (malformed value, unknown option, missing option) as one line, in the
+    format of every other error, instead of the multi-line usage box."""
+    text = " ".join(err.format_message().split())
+    ctx = getattr(err, "ctx", None)
+    if ctx is not None and ctx.command_path:
+        text += f" (see `{ctx.command_path} --help`)"
+    return text
+
+
+def _quiet_closed_pipe() -> None:
+    """The reader (`| head`) has what it wanted: exit 0, silently. As Python's signal docs
+    advise, stdout is pointed at devnull so the interpreter's final flush raises nothing."""
     try:
-        app()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(0)
+
+
+    try:
+    # Not standalone: click hands usage errors back here instead of printing its box.
+    kinds = _click_exceptions()
+        code = app(standalone_mode=False)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+    except BrokenPipeError:
+        _quiet_closed_pipe()
+    except SystemExit as exc:
+        # Typer, like click, answers a closed pipe (EPIPE) with exit 1 after wrapping
+        # stdout in PacifyFlushWrapper; that wrapper is how the case is told apart.
+        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            _quiet_closed_pipe()
+        raise
     except KeyboardInterrupt:
         typer.echo("trainbench: interrupted", err=True)
         sys.exit(130)
 
+    except Exception as err:  # noqa: BLE001 - re-raised unless it is a usage error
+        if any(isinstance(err, k.NoArgsIsHelpError) for k in kinds
+               if hasattr(k, "NoArgsIsHelpError")):
+            typer.echo(err.ctx.get_help())
+            sys.exit(2)
+        if any(isinstance(err, k.UsageError) for k in kinds):
+            typer.echo(f"trainbench: error: {usage_error_line(err)}", err=True)
+            sys.exit(2)
+        if any(isinstance(err, k.Abort) for k in kinds):
+            typer.echo("trainbench: interrupted", err=True)
+            sys.exit(130)
+        if any(isinstance(err, k.ClickException) for k in kinds):
+            typer.echo(f"trainbench: error: {' '.join(err.format_message().split())}", err=True)
+            sys.exit(err.exit_code)
+        raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 if __name__ == "__main__":
     main()

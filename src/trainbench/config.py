@@ -71,6 +71,11 @@ def save_config(data: dict, path: str | Path | None = None) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves half a config."""
     import yaml
     p = Path(path) if path else config_path()
+    blocking = next((d for d in p.parents if d.exists() and not d.is_dir()), None)
+    if blocking is not None or p.is_dir():
+        raise ValueError(f"cannot write the cluster config {p}: {blocking or p} is "
+                         f"{'a file' if blocking else 'a directory'}; set $TRAINBENCH_CONFIG "
+                         "to a writable file path")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".cluster-", suffix=".yaml")

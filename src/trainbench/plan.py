@@ -146,7 +146,29 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The plan in a plan.json; PlanError (one line) when it is missing, unreadable,
+        not JSON, incomplete or invalid: the engine must not start on half a plan."""
+        path = Path(path)
+        fix = "plan.json files are written by `trainbench run`"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except IsADirectoryError:
+            raise PlanError([f"plan {path} is a directory; give EXPERIMENT_DIR/plan.json"]) from None
+        except OSError as err:
+            raise PlanError([f"cannot read plan {path}: {err.strerror}"]) from None
+        except ValueError as err:  # not UTF-8, or not JSON (a partial write)
+            raise PlanError([f"plan {path} is not valid JSON ({str(err).splitlines()[0]}); "
+                             + fix]) from None
+        try:
+            plan = cls.from_dict(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise PlanError([f"plan {path} is incomplete or not a trainbench plan "
+                             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+                             + fix]) from None
+        problems = validate(plan, plan.gpus, hardware.GPUS.get(plan.gpu_type))
+        if problems:
+            raise PlanError([f"plan {path}: {problems[0]}"])
+        return plan
 
 
 # --- overrides --------------------------------------------------------------------------

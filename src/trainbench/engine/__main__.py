@@ -9,7 +9,16 @@ from pathlib import Path
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m trainbench.engine EXPERIMENT_DIR/plan.json", file=sys.stderr)
+        print("trainbench: error: usage: python -m trainbench.engine EXPERIMENT_DIR/plan.json",
+              file=sys.stderr)
+        return 2
+    from ..plan import Plan, PlanError
+    plan_path = Path(argv[0])
+    try:
+        # Read before torch is imported: a missing or broken plan costs no start-up.
+        plan = Plan.load(plan_path)
+    except PlanError as err:
+        print(f"trainbench: error: {err.problems[0]}", file=sys.stderr)
         return 2
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
         die_with_parent()
@@ -21,10 +30,7 @@ def main(argv: list[str]) -> int:
     # (Trainer.materialize), so DTensor's CPU RNG caveat does not apply.
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete")
 
-    from ..plan import Plan
     from .trainer import Trainer, report_failure
-    plan_path = Path(argv[0])
-    plan = Plan.load(plan_path)
     exp_dir = plan_path.parent
     if plan.device == "cpu":
         # Ranks share the cores; oversubscribed threads would only fight each other.

@@ -24,6 +24,7 @@ Slurm runs are all submitted at once, each its own job and experiment directory.
 from __future__ import annotations
 
 import itertools
+import math
 import shlex
 import subprocess
 import sys
@@ -33,6 +34,10 @@ from pathlib import Path
 from ..plan import Plan, PlanError, build_plan, parse_overrides
 
 EXECUTORS = ("local", "slurm")
+# Bounds on what one file can expand to: the runs are listed (and planned) up front, so a
+# typo in repeats would otherwise hang the command building a billion tasks.
+MAX_REPEATS = 1000
+MAX_RUNS = 10_000
 _LIST_KEYS = {"workload": "workloads", "size": "sizes", "dtype": "dtypes", "scale": "scales"}
 _TASK_KEYS = {*(_LIST_KEYS), *(_LIST_KEYS.values()), "repeats", "steps", "gpu", "gpus_per_node",
               "set", "env", "slurm"}
@@ -88,7 +93,10 @@ def load_sweep(path: str | Path) -> dict:
     import yaml
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PlanError([f"bulk file {p} is not a text file; give a YAML sweep file "
+                         "(see `trainbench bulk --help`)"]) from None
     except OSError as err:
         raise PlanError([f"cannot read bulk file {p}: {err.strerror}"]) from None
     except yaml.YAMLError as err:
@@ -200,6 +208,10 @@ def expand(data: dict, cluster: dict, executor: str,
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
             problems.append(f"{where}: repeats must be a positive integer")
             repeats = 1
+        elif repeats > MAX_REPEATS:
+            problems.append(f"{where}: repeats {repeats} is more than {MAX_REPEATS}; a sweep "
+                            "repeats each run a few times")
+            repeats = 1
         steps = task.get("steps")
         gpus_per_node = task.get("gpus_per_node", cluster.get("gpus_per_node"))
         for name, value in (("steps", steps), ("gpus_per_node", gpus_per_node)):
@@ -214,6 +226,11 @@ def expand(data: dict, cluster: dict, executor: str,
             continue
         if any(v == [None] for v in axes):
             continue
+        runs = math.prod(len(a) for a in axes) * repeats
+        if len(tasks) + runs > MAX_RUNS:
+            problems.append(f"{where}: the sweep grows to more than {MAX_RUNS:,} runs; "
+                            "split it into several files")
+            break
         for workload, size, dtype, scale in itertools.product(*axes):
             for repeat in range(1, repeats + 1):
                 tasks.append(BulkTask(

@@ -8,6 +8,7 @@ plan.json, log-<name>.out, metrics.jsonl, run.json (written by the engine), exit
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +25,34 @@ def default_root() -> Path:
 
 def log_file_name(name: str) -> str:
     return f"log-{name}.out"
+
+
+def creatable_problem(path: str | Path) -> str | None:
+    """Why path (a directory or file to be made) cannot be created, or None; found without
+    leaving anything behind."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        return f"{where} is a file, not a directory"
+    # access() answers yes to root on a read-only or pseudo file system (/proc): only a
+    # real attempt tells, and the probe is removed at once.
+    try:
+        probe = tempfile.mkdtemp(dir=where, prefix=".trainbench-probe-")
+    except OSError as err:
+        return f"cannot create anything in {where} ({err.strerror})"
+    os.rmdir(probe)
+    return None
+
+
+def root_problem(root: str | Path) -> str | None:
+    """Why experiments cannot be created under root, or None; creates nothing, so a
+    refused run leaves no trace."""
+    problem = creatable_problem(Path(root) / "experiments")
+    if problem:
+        return (f"experiments root {root}: {problem}; pass --root (or TRAINBENCH_ROOT) "
+                "naming a writable directory")
+    return None
 
 
 def new_experiment_dir(root: str | Path, name: str) -> Path:

@@ -221,9 +221,6 @@ def register(app: typer.Typer) -> None:
             fail("--profile nsys: nsys (Nsight Systems) is not on PATH; install it or use "
                  "--profile torch")
 
-        out = console()
-        print_plan(out, plan)
-        warn_if_predicted_not_to_fit(out, plan, cluster)
         if root is None:
             from .jobs import experiments_root
             root = experiments_root(cluster)
@@ -236,6 +233,23 @@ def register(app: typer.Typer) -> None:
                 if dry_run:
                     print_rank_layout(out, plan)
                     launch_on_slurm(plan, Path(root) / "experiments" / plan.name / "DRY-RUN",
+        if not dry_run:
+            # Where the run will be recorded is checked with everything else, before the
+            # plan is printed or anything is created.
+            from .experiment import root_problem
+            from .jobs import JobsDB, JobsDBError
+            problem = root_problem(root)
+            if problem:
+                fail(problem)
+            if executor == "local":
+                try:
+                    JobsDB.check(root)
+                except JobsDBError as err:
+                    fail(str(err))
+
+        out = console()
+        print_plan(out, plan)
+        warn_if_predicted_not_to_fit(out, plan, cluster)
                                     opts, cluster, dry_run=True)
                     out.print("dry run: nothing submitted")
                     return
@@ -255,19 +269,28 @@ def register(app: typer.Typer) -> None:
         problem = cpu_memory_problem(plan) if plan.device == "cpu" else local_gpu_problem(plan)
         if problem:
             fail(problem)
-        exp_dir = new_experiment_dir(root, plan.name)
         from dataclasses import replace
-        plan = replace(plan, out_dir=str(exp_dir))
-        (exp_dir / PLAN_FILE).write_text(plan.to_json())
-        out.print(f"experiment directory: {exp_dir}")
+
         from ..results import summarize_experiment
-        from .jobs import JobsDB, exit_record
-        from .local import run_local
         from .local import disk_space_problem
-        db = JobsDB(root)
+        from .jobs import exit_record
         problem = problem or disk_space_problem(root)  # before anything is created
-        job_id = db.add("local", str(os.getpid()), plan.name, str(exp_dir), plan.to_json(),
-                        "RUNNING")
+        from .local import run_local
+        exp_dir = None
+        try:
+            db = JobsDB(root)
+            exp_dir = new_experiment_dir(root, plan.name)
+            plan = replace(plan, out_dir=str(exp_dir))
+            (exp_dir / PLAN_FILE).write_text(plan.to_json())
+            job_id = db.add("local", str(os.getpid()), plan.name, str(exp_dir), plan.to_json(),
+                            "RUNNING")
+        except (OSError, JobsDBError) as err:
+            # Nothing has run: the directory would hold only a plan nobody executed.
+            if exp_dir is not None:
+                shutil.rmtree(exp_dir, ignore_errors=True)
+            fail(str(err) if isinstance(err, JobsDBError) else
+                 f"cannot create the experiment under {root}: {err.strerror}")
+        out.print(f"experiment directory: {exp_dir}")
         code = run_local(plan, exp_dir)
         ended = exit_record(exp_dir) or {}
         # Parsed once: the job history keeps what the summary prints.

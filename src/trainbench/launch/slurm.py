@@ -103,6 +103,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Slurm's, and the shell's. Values are literal, so PATH='/x:$PATH' could only break it.
 _RESERVED_KEY = re.compile(r"TB_.*|SLURM_.*|SRUN_.*|SBATCH_.*|BASH_.*|PATH|IFS|ENV|CDPATH|"
                            r"SHELLOPTS|BASHOPTS|PS4")
+# Names that make every process of the job load or run code it did not ask for: the
+# dynamic loader's (LD_PRELOAD, LD_LIBRARY_PATH, DYLD_*) and the shell's start-up hooks.
+# A config file or a sweep must not be able to do that silently; whoever means it exports
+# it in their own shell, which the job inherits.
+_CODE_LOADING_KEY = re.compile(r"LD_.*|DYLD_.*|PROMPT_COMMAND|BASH_ENV|ENV")
 
 
 def is_secret_key(key: str) -> bool:
@@ -116,6 +121,11 @@ def check_env(pairs, source: str) -> list[str]:
         if not isinstance(key, str) or not ENV_KEY.fullmatch(key):
             problems.append(f"{source}: {key!r} is not a valid variable name "
                             "(letters, digits and _, not starting with a digit)")
+            continue
+        if _CODE_LOADING_KEY.fullmatch(key):
+            problems.append(f"{source}: {key} decides which code every process of the job "
+                            f"loads and cannot be set here; export {key} in the shell you "
+                            "launch from if you mean it (the job inherits it)")
             continue
         if _RESERVED_KEY.fullmatch(key):
             problems.append(f"{source}: {key} is used by the job script or Slurm itself "

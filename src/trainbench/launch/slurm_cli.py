@@ -41,11 +41,11 @@ def _fail_problems(problems: list[str]) -> None:
     raise typer.Exit(2)
 
 
-def _load_cluster() -> dict:
+def _load_cluster(check: bool = True) -> dict:
     from ..cli import fail
     from ..config import load_config
     try:
-        return load_config()
+        return load_config(check=check)
     except ValueError as err:
         fail(str(err))
 
@@ -63,11 +63,13 @@ def _config_from_file(path: Path) -> dict:
 
     from ..cli import fail
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        fail(f"--from {path} is not a text file; give a YAML file (see `trainbench init --help`)")
     except OSError as err:
-        fail(f"cannot read {path}: {err.strerror}")
+        fail(f"cannot read --from {path}: {err.strerror}")
     except yaml.YAMLError as err:
-        fail(f"{path} is not valid YAML: {str(err).splitlines()[0]}")
+        fail(f"--from {path} is not valid YAML: {str(err).splitlines()[0]}")
     if not isinstance(data, dict):
         fail(f"{path} must be a YAML mapping")
     data = dict(data)
@@ -154,10 +156,22 @@ def init_command(
     from .slurm import (CONFIG_KEYS, SlurmError, check_cluster_config, detect_cluster,
                         parse_env_items)
 
-    current = _load_cluster()
+    from ..cli import fail
+    # Unchecked: a wrongly typed value in the current config is what init may be fixing.
+    current = _load_cluster(check=False)
     given = any(v is not None for v in (account, partition, gpus_per_node, gpu_type, gres,
                                         experiments_root)) or env or slurm_args
     interactive = sys.stdin.isatty() and not (yes or given or from_file)
+    if not interactive and not (yes or given or from_file):
+        fail("no terminal to ask on: pass the settings as options (--account, --partition, "
+             "--gpu-type, --gpus-per-node, --gres, --experiments-root, --env), --from FILE, "
+             "or --yes to take the values detected from Slurm")
+    if experiments_root is not None:
+        where = experiments_root.expanduser().absolute()
+        parts = [where, *where.parents]
+        blocking = next((p for p in parts if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            fail(f"--experiments-root {experiments_root}: {blocking} is a file, not a directory")
     detected = detect_cluster()
     if interactive:
         try:
@@ -201,7 +215,14 @@ def init_command(
     problems = check_cluster_config(data)
     if problems:
         _fail_problems(problems)
-    path = save_config(data)
+    if not data:
+        fail("nothing to write: no Slurm settings were detected on this machine and none "
+             "were given; pass --account, --partition, --gpu-type, --gpus-per-node or "
+             "--experiments-root")
+    try:
+        path = save_config(data)
+    except ValueError as err:
+        fail(str(err))
     typer.echo(f"wrote {path}")
     import yaml
     mine = {k: data[k] for k in CONFIG_KEYS if k in data}

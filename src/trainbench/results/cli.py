@@ -9,7 +9,11 @@ from typing import Optional
 import typer
 
 _PATHS_HELP = ("Experiment directories, trees of them, or log files "
-               "(default: $TRAINBENCH_ROOT or the current directory).")
+               "(default: <root>/experiments, where `trainbench run` writes).")
+# Where `run` writes (the same resolution as run's --root), read when no path is given.
+_ROOT_OPT = typer.Option(None, "--root", envvar="TRAINBENCH_ROOT",
+                         help="Experiments root read when no path is given (default: the "
+                              "cluster config's experiments_root, else .).")
 _WINDOW_HELP = ("Iterations A-B to average, 0-based and inclusive (NeMo's 'iteration 11/49' "
                 "is 11); default: the seeds' 11-44 of 50, scaled to each run's length.")
 _CONVENTION_HELP = "FLOPs convention for TFLOPS and MFU: 'published' (the seeds') or 'causal'."
@@ -22,11 +26,28 @@ _SCALE_OPT = typer.Option(None, "--scale", help=_FOREIGN + "number of GPUs.")
 _GPU_OPT = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' is h100).")
 
 
-def _summarize(paths, window, convention, workload, size, dtype, scale, gpu):
+def _default_paths(root: Path | None) -> list[Path]:
+    """<root>/experiments: what `trainbench run` wrote, never every log under the current
+    directory (in a source tree that would list its test fixtures)."""
+    from ..cli import fail
+    from ..config import load_config
+    from ..launch.jobs import experiments_root
+    if root is None:
+        try:
+            root = experiments_root(load_config())
+        except ValueError as err:
+            fail(str(err).splitlines()[0])
+    where = Path(root) / "experiments"
+    if not where.is_dir():
+        fail(f"no experiments yet under {where} (where `trainbench run` writes); pass the "
+             "directories or log files to read, or --root")
+    return [where]
+
+
+def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, root=None):
     """Results of every experiment under paths, or a clean exit 2 saying what is wrong."""
     from .. import metrics
     from ..cli import fail
-    from ..launch.experiment import default_root
     from .summary import check_options, summarize_paths
     try:
         check_options(convention, workload, size, dtype, scale, gpu)
@@ -38,7 +59,7 @@ def _summarize(paths, window, convention, workload, size, dtype, scale, gpu):
             win = metrics.parse_window(window)
         except ValueError as err:
             fail(f"--window: {err}")
-    roots = list(paths) if paths else [default_root()]
+    roots = list(paths) if paths else _default_paths(root)
     try:
         results = summarize_paths(roots, window=win, convention=convention, workload=workload,
                                   size=size, dtype=dtype, scale=scale, gpu=gpu)
@@ -55,19 +76,35 @@ def _write_new_file(path: Path, text: str) -> None:
     import os
     import tempfile
     from ..cli import fail
-    if path.exists():
-        fail(f"{path} already exists; results never overwrite a file, choose another -o")
-    if not path.parent.is_dir():
-        fail(f"directory {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    _check_new_file(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as err:
+        fail(f"cannot write -o {path}: {err.strerror}")
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):
+            fail(f"cannot write -o {path}: {err.strerror}")
         raise
+
+
+def _check_new_file(path: Path) -> None:
+    """-o names a new file in a writable directory; checked before any log is read."""
+    from ..cli import fail
+    from ..launch.experiment import creatable_problem
+    if path.exists():
+        fail(f"{path} already exists; results never overwrite a file, choose another -o")
+    if not path.parent.is_dir():
+        fail(f"-o {path}: {path.parent} " + ("is not a directory" if path.parent.exists()
+                                              else "does not exist"))
+    problem = creatable_problem(path)
+    if problem:
+        fail(f"-o {path}: {problem}")
 
 
 def register(app) -> None:
@@ -90,6 +127,7 @@ def register(app) -> None:
         scale: Optional[int] = _SCALE_OPT,
         gpu: str = _GPU_OPT,
         records: bool = typer.Option(False, "--records", help="JSON: include every step record."),
+        root: Optional[Path] = _ROOT_OPT,
     ):
         """Status, step times, throughput and MFU of runs, against the references.
 
@@ -104,7 +142,10 @@ def register(app) -> None:
                 report.sort_key_name(sort)
             except ValueError as err:
                 fail(str(err))
-        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu)
+        if output is not None:
+            _check_new_file(output)
+        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
+                             root)
         results = report.sort_results(results, sort)
         if fmt == "csv":
             text = report.to_csv(results)
@@ -141,6 +182,7 @@ def register(app) -> None:
         dtype: Optional[str] = _DTYPE_OPT,
         scale: Optional[int] = _SCALE_OPT,
         gpu: str = _GPU_OPT,
+        root: Optional[Path] = _ROOT_OPT,
     ):
         """PNG charts of runs: scaling against the reference, step times, losses.
 
@@ -151,11 +193,18 @@ def register(app) -> None:
         from .plot import write_plots
         if out_dir.exists() and not out_dir.is_dir():
             fail(f"{out_dir} is a file; -o takes a directory")
-        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu)
+        from ..launch.experiment import creatable_problem
+        problem = creatable_problem(out_dir)
+        if problem:
+            fail(f"-o {out_dir}: {problem}")
+        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
+                             root)
         try:
             written = write_plots(results, out_dir, convention)
         except FileExistsError as err:
             fail(str(err))
+        except OSError as err:
+            fail(f"cannot write the charts into {out_dir}: {err.strerror}")
         if not written:
             fail("no run has step data to plot")
         for path in written:
