@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import sys
 from typing import Optional
 
@@ -265,7 +266,6 @@ for _module in COMMAND_MODULES:
     importlib.import_module(f"trainbench.{_module}").register(app)
 
 
-def main() -> None:
 def _click_exceptions() -> list:
     """The modules whose UsageError/Abort the app may raise: Typer >= 0.17 vendors its
     own copy of click, older Typer uses click itself."""
@@ -298,9 +298,10 @@ def _quiet_closed_pipe() -> None:
     sys.exit(0)
 
 
-    try:
+def main() -> None:
     # Not standalone: click hands usage errors back here instead of printing its box.
     kinds = _click_exceptions()
+    try:
         code = app(standalone_mode=False)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
     except BrokenPipeError:
@@ -314,7 +315,6 @@ def _quiet_closed_pipe() -> None:
     except KeyboardInterrupt:
         typer.echo("trainbench: interrupted", err=True)
         sys.exit(130)
-
     except Exception as err:  # noqa: BLE001 - re-raised unless it is a usage error
         if any(isinstance(err, k.NoArgsIsHelpError) for k in kinds
                if hasattr(k, "NoArgsIsHelpError")):
@@ -331,6 +331,7 @@ def _quiet_closed_pipe() -> None:
             sys.exit(err.exit_code)
         raise
     sys.exit(code if isinstance(code, int) else 0)
+
 
 if __name__ == "__main__":
     main()

@@ -224,15 +224,6 @@ def register(app: typer.Typer) -> None:
         if root is None:
             from .jobs import experiments_root
             root = experiments_root(cluster)
-        if executor == "slurm":
-            from .slurm import SlurmError, SlurmOptions, launch_on_slurm, submit_plan
-            opts = SlurmOptions(account=account, partition=partition, time_limit=time_limit,
-                                nodelist=nodelist, exclude=exclude, reservation=reservation,
-                                exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))
-            try:
-                if dry_run:
-                    print_rank_layout(out, plan)
-                    launch_on_slurm(plan, Path(root) / "experiments" / plan.name / "DRY-RUN",
         if not dry_run:
             # Where the run will be recorded is checked with everything else, before the
             # plan is printed or anything is created.
@@ -250,6 +241,15 @@ def register(app: typer.Typer) -> None:
         out = console()
         print_plan(out, plan)
         warn_if_predicted_not_to_fit(out, plan, cluster)
+        if executor == "slurm":
+            from .slurm import SlurmError, SlurmOptions, launch_on_slurm, submit_plan
+            opts = SlurmOptions(account=account, partition=partition, time_limit=time_limit,
+                                nodelist=nodelist, exclude=exclude, reservation=reservation,
+                                exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))
+            try:
+                if dry_run:
+                    print_rank_layout(out, plan)
+                    launch_on_slurm(plan, Path(root) / "experiments" / plan.name / "DRY-RUN",
                                     opts, cluster, dry_run=True)
                     out.print("dry run: nothing submitted")
                     return
@@ -266,15 +266,15 @@ def register(app: typer.Typer) -> None:
             print_rank_layout(out, plan)
             out.print("dry run: nothing launched")
             return
+        from .local import disk_space_problem
         problem = cpu_memory_problem(plan) if plan.device == "cpu" else local_gpu_problem(plan)
+        problem = problem or disk_space_problem(root)  # before anything is created
         if problem:
             fail(problem)
         from dataclasses import replace
 
         from ..results import summarize_experiment
-        from .local import disk_space_problem
         from .jobs import exit_record
-        problem = problem or disk_space_problem(root)  # before anything is created
         from .local import run_local
         exp_dir = None
         try:
