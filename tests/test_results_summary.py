@@ -115,7 +115,8 @@ def test_window_statistics_reproduce_a_hand_computation(tmp_path):
 
 def test_user_window_and_causal_convention(tmp_path):
     times = [5.0] * 3 + [2.0, 2.5, 3.0, 2.5] + [2.0] * 13
-    path = nemo2_log(tmp_path / "pretrain_llama3.1_8b_bf16_8" / "log-x.out", times)
+    # GBS 16: at 2.5 s/step GBS 128 would be 307% MFU on 8 H100 (an impossible figure).
+    path = nemo2_log(tmp_path / "pretrain_llama3.1_8b_bf16_8" / "log-x.out", times, gbs=16)
     r = summarize_experiment(path, window=(3, 6), convention="causal")
     assert r.step_time_mean_s == pytest.approx(2.5)
     assert r.step_time_std_s == pytest.approx(math.sqrt((0.25 + 0 + 0.25 + 0) / 3))

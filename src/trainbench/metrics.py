@@ -26,6 +26,39 @@ def mfu(global_batch: int, flops_per_sequence: float, step_time_s: float, gpus: 
     return tflops_per_gpu(global_batch, flops_per_sequence, step_time_s, gpus) / peak_tflops
 
 
+# MFU is a share of the device's peak: above 1 (100%) it is impossible, so the peak it was
+# measured against is wrong (a CPU GEMM benchmark that missed the fast path, a wrong
+# --peak-tflops, a GPU taken for another). Such a figure is never shown as a number.
+MFU_CEILING_PCT = 100.0
+
+
+def mfu_problem(mfu_pct: float | None, peak_tflops: float | None = None,
+                peak_source: str | None = None) -> str | None:
+    """None for a possible MFU (or none at all); else the one line to show instead of it.
+
+    The single rule every place that prints an MFU (run summary, results, jobs, plots,
+    predict) calls, so they cannot disagree.
+    """
+    if mfu_pct is None or (math.isfinite(mfu_pct) and 0.0 <= mfu_pct <= MFU_CEILING_PCT):
+        return None
+    value = f"{mfu_pct:.4g}%" if math.isfinite(mfu_pct) else str(mfu_pct)
+    peak = ""
+    if peak_tflops:
+        peak = f" of {peak_tflops:.4g} TFLOPS" + (f" ({peak_source})" if peak_source else "")
+    return (f"INVALID: MFU {value}{peak} is above 100%, so the peak must be wrong; give the "
+            "device's real dense peak (run --peak-tflops) or its right type (--gpu)")
+
+
+def format_mfu_pct(mfu_pct: float | None, fmt: str = ".2f", peak_tflops: float | None = None,
+                   peak_source: str | None = None) -> str:
+    """'41.07%', '-' when there is none, 'INVALID' for an impossible one (see mfu_problem)."""
+    if mfu_pct is None:
+        return "-"
+    if mfu_problem(mfu_pct, peak_tflops, peak_source):
+        return "INVALID"
+    return f"{mfu_pct:{fmt}}%"
+
+
 def days_to_train(tokens_per_s: float, total_tokens: float = ONE_TRILLION) -> float:
     return total_tokens / tokens_per_s / SECONDS_PER_DAY
 

@@ -1,6 +1,6 @@
 """The training loop every rank runs: a short sequence of small steps (torchtitan style).
 
-setup -> (batch_generator -> forward_backward_step)* -> optimizer step -> log, per step.
+setup -> step_batches -> (forward_backward_step)* -> optimizer step -> log, per step.
 Each step is timed with the device synchronised; rank 0 writes the NeMo-style log line
 and a metrics.jsonl record.
 """
@@ -143,9 +143,11 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, self.plan.lr)
         spec = self.plan.model
         self.flops_per_seq = flops_mod.flops_per_sequence(spec, self.plan.seq_len, "published")
+        from .parallel import single_rank_without_fsdp
         from .peak import resolve_peak
-        self.peak_tflops, self.peak_source, self.device_name = resolve_peak(
-            self.plan, self.compute_dtype)
+        self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = resolve_peak(
+            self.plan, self.compute_dtype,
+            autocast=single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32)
         if self.rank == 0:
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             self.log_file = open(self.log_path, "a", buffering=1)
@@ -184,6 +186,7 @@ class Trainer:
             "device_name": self.device_name,
             "peak_tflops": self.peak_tflops,
             "peak_source": self.peak_source,
+            "peak_gemm": self.peak_gemm,  # the GEMM whose rate is a CPU's measured peak
             "world_size": self.world_size,
             "layout": self.plan.layout.describe(),
             "parallel": self.parallel_summary(),
@@ -212,14 +215,19 @@ class Trainer:
     def dp_rank(self) -> int:
         return self.dims.coordinate("dp")
 
-    def batch_generator(self, step: int):
-        """This rank's microbatches for a step: (inputs, labels), each [mbs, seq]."""
+    def step_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's microbatches for a step, (inputs, labels) each [mbs, seq], already
+        on the device: made before the step's timer starts, so the timed step holds no
+        batch generation and no host-to-device copy."""
         p = self.plan
         samples = data.rank_sample_range(p.gbs, p.layout.dp, self.dp_rank)
+        batches = []
         for first in range(samples.start, samples.stop, p.mbs):
             inputs, labels = data.microbatch(p.seed, step, first, p.mbs, p.seq_len,
                                              p.model.vocab_size)
-            yield inputs.to(self.device), labels.to(self.device)
+            batches.append((inputs.to(self.device, non_blocking=True),
+                            labels.to(self.device, non_blocking=True)))
+        return batches
 
     def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1))
@@ -260,42 +268,44 @@ class Trainer:
         return contextlib.nullcontext()
 
     def context_shard(self, inputs: torch.Tensor, labels: torch.Tensor):
-        """This rank's part of each sequence and the positions of its tokens.
-
-        Without CP that is the whole sequence; with CP the load-balanced pair of chunks
-        (parallel/cp.py). Positions are always passed: under sequence parallelism the
-        model cannot infer them from its (sequence-sharded) hidden states.
-        """
-        positions = torch.arange(self.plan.seq_len, device=self.device)
+        """This rank's part of each sequence: without CP the whole sequence; with CP the
+        load-balanced pair of chunks (parallel/cp.py)."""
         if self.dims.cp_enabled:
-            from .parallel.cp import local_positions, shard_sequence
+            from .parallel.cp import shard_sequence
             cp, rank = self.dims.cp, self.dims.coordinate("cp")
             inputs, labels = shard_sequence(inputs, cp, rank), shard_sequence(labels, cp, rank)
-            positions = local_positions(self.plan.seq_len, cp, rank, device=self.device)
-        return inputs, labels, positions
+        return inputs, labels
+
+    def positions(self) -> torch.Tensor:
+        """The positions of this rank's tokens in the full sequence, made once. They are
+        always passed: under sequence parallelism the model cannot infer them from its
+        (sequence-sharded) hidden states."""
+        if getattr(self, "_positions", None) is None:
+            self._positions = torch.arange(self.plan.seq_len, device=self.device)
+            if self.dims.cp_enabled:
+                from .parallel.cp import local_positions
+                self._positions = local_positions(self.plan.seq_len, self.dims.cp,
+                                                  self.dims.coordinate("cp"), device=self.device)
+        return self._positions
 
     def forward_backward_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Loss of one microbatch (mean over its tokens); gradients accumulate / GA."""
-        inputs, labels, positions = self.context_shard(inputs, labels)
+        """Loss of one microbatch (mean over its tokens, inputs and labels already this
+        rank's part of the sequence); gradients accumulate / GA."""
         with self.loss_context():
             with self.compute_context():
-                logits = self.model(inputs, positions)
+                logits = self.model(inputs, self.positions())
             loss = self.loss_fn(logits, labels)
             (loss / self.plan.ga).backward()
         return _plain(loss.detach())
 
-    def pipeline_step(self, step: int) -> torch.Tensor:
-        """All of a step's microbatches through the pipeline schedule at once.
+    def pipeline_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """All of a step's microbatches (concatenated) through the pipeline schedule.
 
         Returns the sum of the microbatch losses on a rank holding the last stage, zero
         elsewhere (step_metrics sums over the pipeline ranks).
         """
-        batches = list(self.batch_generator(step))
-        inputs = torch.cat([inp for inp, _ in batches])
-        labels = torch.cat([lab for _, lab in batches])
-        inputs, labels, positions = self.context_shard(inputs, labels)
         # The schedule splits every tensor argument along dim 0 into microbatches.
-        positions = positions.expand(inputs.shape[0], -1)
+        positions = self.positions().expand(inputs.shape[0], -1)
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.has_first_stage else ()
         target = labels if self.has_last_stage else None
@@ -317,13 +327,22 @@ class Trainer:
         lr = lr_at(step, p.lr, p.min_lr, p.warmup_steps, max(self.total_steps, p.warmup_steps))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        # train_step_timing covers the forward and backward passes of every microbatch
+        # (with their collectives), gradient clipping and the optimizer step. The batches
+        # are made, cut to this rank's part and on the device before it starts; the loss
+        # and gradient norm are read (a host sync) only after it stops, in step_metrics.
+        batches = self.step_batches(step)
+        if self.pipeline is not None:  # the schedule takes all microbatches at once
+            batches = [(torch.cat([i for i, _ in batches]), torch.cat([t for _, t in batches]))]
+        batches = [self.context_shard(inputs, labels) for inputs, labels in batches]
+        loss_sum = torch.zeros((), device=self.device)
+        self.positions()
         self.synchronize()
         start = time.perf_counter()
-        loss_sum = torch.zeros((), device=self.device)
         if self.pipeline is not None:
-            loss_sum += self.pipeline_step(step)
+            loss_sum += self.pipeline_step(*batches[0])
         else:
-            for inputs, labels in self.batch_generator(step):
+            for inputs, labels in batches:
                 loss_sum += self.forward_backward_step(inputs, labels)
         grad_norm = clip_grad_norm_(self.model.parameters(), max_norm=1.0,
                                     pp_mesh=self.dims["pp"] if self.dims.pp_enabled else None)

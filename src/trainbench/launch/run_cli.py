@@ -86,7 +86,9 @@ def register(app: typer.Typer) -> None:
     def run(
         workload: str = typer.Option(..., "-w", "--workload", help="Workload key, e.g. pretrain_llama3.1."),
         size: str = typer.Option(..., "-s", "--size", envvar="MODEL_SIZE", help="Model size, e.g. 8b or tiny."),
-        dtype: str = typer.Option("bf16", "--dtype", envvar="DTYPE", help="bf16, fp8 or fp32."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
+                                            help="bf16, fp8 or fp32; default bf16 on a GPU or a "
+                                                 "CPU with native bf16, fp32 on other CPUs."),
         scale: int = typer.Option(..., "--scale", envvar="JOB_TOTAL_GPUS",
                                   help="Number of ranks: GPUs, or processes on a CPU machine."),
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (h100, b200, ..., cpu); "
@@ -204,6 +206,10 @@ def register(app: typer.Typer) -> None:
                 fail(f"this machine's GPU {device_name!r} is not in the catalog; pass "
                      "--peak-tflops and --gpu NAME")
             gpu_type = gpu_type or re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+        dtype_why = None
+        if dtype is None:
+            from ..default_dtype import default_dtype_for
+            dtype, dtype_why = default_dtype_for(workload, size, gpu_type)
         features = Features(profile=profile, profile_start=start, profile_stop=stop,
                             profile_ranks=ranks_to_profile,
                             nccl_trace=nccl_trace, checkpoint=checkpoint,
@@ -240,6 +246,8 @@ def register(app: typer.Typer) -> None:
 
         out = console()
         print_plan(out, plan)
+        if dtype_why:
+            out.print(f"dtype: {plan.dtype} ({dtype_why})", highlight=False)
         warn_if_predicted_not_to_fit(out, plan, cluster)
         if executor == "slurm":
             from .slurm import SlurmError, SlurmOptions, launch_on_slurm, submit_plan
@@ -407,8 +415,11 @@ def print_summary(out, r) -> None:
     row("tokens/s", r.tokens_per_s, "{:,.1f}")
     row("tokens/s per GPU", r.tokens_per_s_per_gpu, "{:,.1f}")
     row("TFLOPS/GPU", r.tflops_per_gpu, "{:.4g}")
-    row(f"MFU ({r.mfu_convention} FLOPs, peak {r.peak_source})",
-        None if r.mfu_pct is None else f"{r.mfu_pct:.2f}% of {r.peak_tflops:.4g} TFLOPS")
+    if r.mfu_problem:  # an impossible MFU is never printed as a figure
+        row("MFU", r.mfu_problem)
+    else:
+        row(f"MFU ({r.mfu_convention} FLOPs, peak {r.peak_source})",
+            None if r.mfu_pct is None else f"{r.mfu_pct:.2f}% of {r.peak_tflops:.4g} TFLOPS")
     row("days per 1T tokens", r.days_per_1t_tokens, "{:,.1f}")
     row("peak memory (GiB)", r.peak_memory_gib, "{:.2f}")
     if r.ref_step_time_s is not None:

@@ -24,7 +24,9 @@ def register(app) -> None:
         size: Optional[str] = typer.Option(None, "-s", "--size", envvar="MODEL_SIZE",
                                            help="Model size, e.g. 70b."),
         dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
-                                            help="bf16, fp8 or fp32."),
+                                            help="bf16, fp8 or fp32; default as `run`: bf16 "
+                                                 "on a GPU, on a CPU bf16 only where it is "
+                                                 "native."),
         scale: Optional[int] = typer.Option(None, "--scale", envvar="JOB_TOTAL_GPUS",
                                             help="Number of GPUs."),
         gpu: str = typer.Option("h100", "--gpu", help="GPU type to predict for."),
@@ -65,7 +67,7 @@ def register(app) -> None:
             _calibrate(calibrate_dir, config, fmt, sharding)
             return
         missing = [name for name, value in (("-w/--workload", workload), ("-s/--size", size),
-                                            ("--dtype", dtype), ("--scale", scale))
+                                            ("--scale", scale))
                    if value is None]
         if missing:
             fail(f"predict needs {', '.join(missing)} (or --calibrate DIR)")
@@ -75,6 +77,11 @@ def register(app) -> None:
             fail("--top must be at least 1")
         if not 0 <= headroom < 1:
             fail("--headroom must be a fraction in [0, 1)")
+        if dtype is None:
+            from ..default_dtype import default_dtype_for
+            dtype, why = default_dtype_for(workload, size, gpu)
+            if fmt == "table":
+                typer.echo(f"dtype: {dtype} ({why})")
         from ..plan import PlanError, parse_overrides
         try:
             overrides = parse_overrides(sets or [])
@@ -138,8 +145,10 @@ def _print_prediction(plan, data: dict, pred) -> None:
     summary.add_row("step time", step)
     summary.add_row("tokens/s", f"{data['tokens_per_s']:,.0f}")
     summary.add_row("TFLOPS/GPU (published FLOPs)", f"{data['tflops_per_gpu']:.1f}")
-    summary.add_row("MFU (published FLOPs)", f"{100 * data['mfu']:.2f}%")
-    summary.add_row("MFU (causal FLOPs)", f"{100 * data['mfu_causal']:.2f}%")
+    for key, label in (("mfu", "MFU (published FLOPs)"), ("mfu_causal", "MFU (causal FLOPs)")):
+        # An impossible MFU (metrics.mfu_problem) is shown as INVALID with its reason.
+        summary.add_row(label, f"{100 * data[key]:.2f}%" if data[key] is not None
+                        else data[f"{key}_problem"])
     summary.add_row("days per 1T tokens", f"{data['days_per_1t_tokens']:.2f}")
     # The same words `trainbench run` prints for this plan (memory.check_memory).
     summary.add_row("peak memory per GPU", verdict(pred.memory, plan.gpu_type))
@@ -202,7 +211,8 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
                          else "left")
     for c in data["top"]:
         table.add_row(str(c["rank"]), c["describe"], f"{c['step_time_s']:.3f}",
-                      f"{c['tokens_per_s']:,.0f}", f"{100 * c['mfu']:.1f}%", c["why"])
+                      f"{c['tokens_per_s']:,.0f}",
+                      "INVALID" if c["mfu"] is None else f"{100 * c['mfu']:.1f}%", c["why"])
     out = console()
     out.print(table)
     lines = [f"{data['considered']} layouts considered: {data['invalid']} invalid, "
@@ -215,6 +225,9 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
         desc = f"TP{rl['tp']} PP{rl['pp']} CP{rl['cp']} VP{rl['vp']} MBS{rl['mbs']}"
         lines.append(f"The recipe's layout ({desc}) ranks "
                      + (f"#{rank}." if rank else "outside the list (dropped or not its best VP)."))
+    invalid = [c for c in data["top"] if c["mfu"] is None]
+    if invalid:
+        lines.append(f"{len(invalid)} layout(s): {invalid[0]['mfu_problem']}")
     for line in lines:
         out.print(line)
 

@@ -4,7 +4,8 @@ prints and the tables show). Pure Python.
 
 from __future__ import annotations
 
-from ..catalog import references
+from .. import metrics
+from ..catalog import hardware, references
 from ..plan import Plan
 from .calibrate import FitResult
 from .device import GIB
@@ -38,9 +39,8 @@ def prediction_dict(plan: Plan, pred: StepPrediction, *, overrides: dict | None 
         "step_time_s": pred.step_time_s,
         "tokens_per_s": pred.tokens_per_s,
         "tflops_per_gpu": pred.tflops_per_gpu,
-        "mfu": pred.mfu,
+        **_mfu_fields(pred.mfu, pred.mfu_causal, plan),
         "mfu_convention": "published",
-        "mfu_causal": pred.mfu_causal,
         "hardware_tflops_per_gpu": pred.hardware_tflops_per_gpu,
         "days_per_1t_tokens": pred.days_per_1t_tokens,
         "bubble_fraction": pred.bubble_fraction,
@@ -65,10 +65,25 @@ def prediction_dict(plan: Plan, pred: StepPrediction, *, overrides: dict | None 
     return out
 
 
+def _mfu_fields(mfu: float, mfu_causal: float, plan: Plan) -> dict:
+    """mfu and mfu_causal as fractions; one above 1 is impossible (metrics.mfu_problem):
+    it becomes None, with its value in <key>_invalid and the reason in <key>_problem."""
+    out = {"mfu": mfu, "mfu_causal": mfu_causal}
+    peak = hardware.GPUS[plan.gpu_type].peak(plan.dtype) if plan.gpu_type in hardware.GPUS \
+        else None
+    for key in ("mfu", "mfu_causal"):
+        problem = metrics.mfu_problem(100 * out[key], peak, "catalog")
+        out[f"{key}_problem"] = problem
+        if problem:
+            out[f"{key}_invalid"], out[key] = out[key], None
+    return out
+
+
 def candidate_dict(rank: int, cand: Candidate) -> dict:
     p = cand.prediction
     return {"rank": rank, "layout": layout_dict(cand.plan), "describe": cand.describe(),
-            "step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s, "mfu": p.mfu,
+            "step_time_s": p.step_time_s, "tokens_per_s": p.tokens_per_s,
+            **_mfu_fields(p.mfu, p.mfu_causal, cand.plan),
             "memory_gib": p.memory.total_gib, "why": cand.why(),
             "shares": p.shares}
 

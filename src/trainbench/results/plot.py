@@ -9,6 +9,7 @@ import os
 import re
 from pathlib import Path
 
+from .. import metrics
 from ..catalog import references
 from .summary import ExperimentResult, reference_mfu_pct
 
@@ -54,8 +55,13 @@ def plan_files(results: list[ExperimentResult]) -> dict[str, list]:
     return files
 
 
-def plot_scaling(results: list[ExperimentResult], path: Path, convention: str) -> None:
-    """Tokens/s and MFU against GPU count, each workload with its reference curve."""
+def plot_scaling(results: list[ExperimentResult], path: Path, convention: str):
+    """Tokens/s and MFU against GPU count, each workload with its reference curve.
+
+    The MFU axis always reaches the 100% ceiling, drawn as a line; a run whose MFU came
+    out above it (a wrong peak, metrics.mfu_problem) is not drawn as a point but counted
+    in a note on the chart. Returns the (closed) figure, for inspection.
+    """
     plt = _pyplot()
     fig, (ax_tok, ax_mfu) = plt.subplots(1, 2, figsize=(12, 4.8))
     groups: dict[tuple, list[ExperimentResult]] = {}
@@ -93,12 +99,20 @@ def plot_scaling(results: list[ExperimentResult], path: Path, convention: str) -
     ax_tok.set_title("Throughput, weak scaling")
     ax_mfu.set_ylabel(f"MFU % ({convention} FLOPs)")
     ax_mfu.set_title("Model FLOPs utilisation")
-    ax_mfu.set_ylim(bottom=0)
+    ax_mfu.axhline(metrics.MFU_CEILING_PCT, color="black", linestyle="-", linewidth=1,
+                   label="100% (ceiling)")
+    ax_mfu.set_ylim(0, 1.05 * metrics.MFU_CEILING_PCT)  # every valid MFU lies below the line
+    invalid = [r for r in results if r.mfu_problem]
+    if invalid:
+        ax_mfu.text(0.02, 0.5, f"{len(invalid)} run(s) with MFU INVALID (above 100%: the peak "
+                    "is wrong;\nsee `trainbench results`, fix with --peak-tflops or --gpu)",
+                    transform=ax_mfu.transAxes, fontsize=7, color="tab:red")
     for ax in (ax_tok, ax_mfu):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
     _save(fig, path)
+    return fig
 
 
 def plot_step_times(r: ExperimentResult, path: Path) -> None:

@@ -106,6 +106,13 @@ def _step(r: ExperimentResult) -> str:
     return f"{r.step_time_mean_s:.4g}±{r.step_time_std_s:.2g}"
 
 
+def _mfu(r: ExperimentResult) -> str:
+    if r.mfu_problem:  # the reason is one of the run's detail lines below the table
+        return "INVALID"
+    return ("-" if r.mfu_pct is None else f"{r.mfu_pct:.3g}%"
+            + (" (GEMM)" if r.peak_source == "measured GEMM" else ""))
+
+
 _STATUS_STYLE = {SUCCESS: "green", INCOMPLETE: "yellow", FAILED: "red", INVALID: "magenta"}
 
 TABLE_COLUMNS = (
@@ -123,8 +130,7 @@ TABLE_COLUMNS = (
     ("tok/s/GPU", lambda r: _num(r.tokens_per_s_per_gpu, ",.0f"), "right"),
     ("TFLOPS/GPU", lambda r: _num(r.tflops_per_gpu, ".4g")
      + (" (log)" if r.tflops_source == "log" else ""), "right"),
-    ("MFU", lambda r: "-" if r.mfu_pct is None else f"{r.mfu_pct:.3g}%"
-     + (" (GEMM)" if r.peak_source == "measured GEMM" else ""), "right"),
+    ("MFU", lambda r: _mfu(r), "right"),
     ("days/1T", lambda r: _num(r.days_per_1t_tokens, ".4g"), "right"),
     ("mem GiB", lambda r: _num(r.peak_memory_gib, ".1f"), "right"),
     ("%ref step", lambda r: "-" if r.pct_of_ref_step_time is None

@@ -72,6 +72,10 @@ class ExperimentResult:
     peak_tflops: float | None = None
     peak_source: str | None = None
     """'catalog', 'measured GEMM' (CPU runs) or 'user'."""
+    mfu_problem: str | None = None
+    """Set when the computed MFU is impossible (above 100%): the line saying the peak is
+    wrong and how to fix it. mfu_pct is then None and the figure is in mfu_invalid_pct."""
+    mfu_invalid_pct: float | None = None
     days_per_1t_tokens: float | None = None
     peak_memory_gib: float | None = None
     ref_step_time_s: float | None = None
@@ -528,7 +532,12 @@ def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: s
         if peak:
             result.mfu_pct = 100 * result.tflops_per_gpu / peak
             result.mfu_convention = "log's own FLOPs"
-    if result.mfu_pct is not None and source == "measured GEMM":
+    problem = metrics.mfu_problem(result.mfu_pct, peak, source)
+    if problem:
+        # Never a normal figure: tables, sorting, plots and the job history see no MFU.
+        result.mfu_invalid_pct, result.mfu_pct, result.mfu_problem = result.mfu_pct, None, problem
+        result.notes.append(problem)
+    elif result.mfu_pct is not None and source == "measured GEMM":
         result.notes.append(f"MFU against the measured GEMM peak of {peak:.3g} TFLOPS "
                             "(no published peak for this device)")
 
