@@ -328,14 +328,14 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
             result.exit_code = int(facts.exit.get("exit_code"))
         except (TypeError, ValueError):
             notes.append("exit.json has no integer exit_code")
-    provisional = compute_status(scan.records, total, win or (0, 0))
-    if provisional.status in (FAILED, INCOMPLETE) or (result.exit_code or 0) != 0:
-        result.last_error = _last_error(log_file, facts.exit)
-    status = compute_status(scan.records, total, win or (0, 0), result.last_error, failed_end)
     elif path.is_dir() and launcher_gone(path):
         # Killed with SIGKILL, the launcher wrote no exit.json: the run ended, and failed.
         facts.exit = {"reason": "launcher killed: it ended without writing exit.json"}
     failed_end = facts.exit is not None and result.exit_code != 0
+    provisional = compute_status(scan.records, total, win or (0, 0))
+    if provisional.status in (FAILED, INCOMPLETE) or (result.exit_code or 0) != 0:
+        result.last_error = _last_error(log_file, facts.exit)
+    status = compute_status(scan.records, total, win or (0, 0), result.last_error, failed_end)
     result.status, result.status_detail = status.status, status.detail
     if result.exit_code and status.status == SUCCESS:
         result.status_detail = (f"exit code {result.exit_code} after the last step"
@@ -447,12 +447,12 @@ def _last_error(log_file: Path | None, exit_info: dict | None) -> str | None:
         line = find_last_error(log_file)
     if exit_info and exit_info.get("reason"):
         reason = str(exit_info["reason"])
+        if exit_info.get("executor") == "local":
+            return reason  # the local launcher already named the cause, from every rank
         line = f"{reason} ({line})" if line and line not in reason else reason
     return line
 
 
-        if exit_info.get("executor") == "local":
-            return reason  # the local launcher already named the cause, from every rank
 def _comparability(result: ExperimentResult, facts: _RunFacts) -> None:
     features = (facts.plan or {}).get("features") or {}
     if features.get("profile"):
