@@ -36,8 +36,10 @@ def test_every_reference_has_a_recipe_row_and_consistent_throughput():
     for ref in references.REFERENCES:
         row = recipes.find_row(ref.workload, ref.size, ref.dtype, ref.gpus, ref.gpu_type)
         tps = row.seq_len * row.gbs / ref.step_time_s
-        # The seeds compute tokens/s from an unrounded step time: agree within 1.5%.
-        assert tps == pytest.approx(ref.tokens_per_s, rel=0.015), ref
+        # The seeds' tokens/s are seq x GBS / the printed step time, rounded to an integer:
+        # the largest deviation is 1.16e-5 (Nemotron-4 340B FP8 on 128 GPUs, 41,477.5 printed
+        # as 41,478), and half a token in the smallest figure (28,432/s) is 1.8e-5.
+        assert tps == pytest.approx(ref.tokens_per_s, rel=2e-5), ref
 
 
 def test_405b_proxy_layers_follow_scale():

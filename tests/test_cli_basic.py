@@ -64,10 +64,15 @@ def test_bad_input_gets_one_line_and_exit_2(args, needle):
 
 
 def test_show_405b_proxy_uses_the_depth_of_its_scale():
-    from trainbench.catalog.models import get_model, parameter_count
-    proxy30 = parameter_count(get_model("pretrain_llama3.1", "405b-proxy").with_layers(30))
+    # Counted by hand from architectures.md (Llama 3.1 405B, 30 layers at 64 GPUs): per layer
+    # q and o 16384^2 each, k and v 16384 x 8 x 128 each, SwiGLU 3 x 16384 x 53248, two
+    # RMSNorm weights; untied embedding and head 128256 x 16384 each; the final norm.
+    hidden, ffn, vocab, kv = 16384, 53248, 128256, 8 * 128
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * ffn + 2 * hidden
+    proxy30 = 30 * per_layer + 2 * vocab * hidden + hidden
+    assert proxy30 == 99_833_823_232
     res = tb("show", "-w", "pretrain_llama3.1", "-s", "405b-proxy", "--scale", "64")
     assert res.returncode == 0, res.stderr
-    assert f"{proxy30:,}" in res.stdout
+    assert "99,833,823,232" in res.stdout
     res = tb("show", "-w", "pretrain_llama3.1", "-s", "405b-proxy")
     assert "8 at 32 GPUs, 30 at 64 GPUs, 62 at 128 GPUs" in res.stdout

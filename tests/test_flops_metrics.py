@@ -95,3 +95,48 @@ def test_window_stats_by_hand():
     assert st.count == 34 and st.mean == pytest.approx(mean) and st.std == pytest.approx(var ** 0.5)
     assert (st.min, st.max) == (11, 44)
     assert metrics.window_stats(times, (60, 70)) is None
+
+
+def megatron_dense_causal(s, L, h, n, g, ffn, vocab, gated):
+    """architectures.md's causal formula, one sequence: 12*s*L*h^2*(1 + g/n + s/(2h)) for
+    attention (q projection h x h), 6*s*L*h*ffn*(3 if SwiGLU else 2), 6*s*h*V for the head."""
+    return (12 * s * L * h * h * (1 + g / n + s / (2 * h)) + 6 * s * L * h * ffn * (3 if gated else 2)
+            + 6 * s * h * vocab)
+
+
+@pytest.mark.parametrize("size,s,L,h,n,ffn", [
+    ("15b", 4096, 32, 6144, 48, 24576),    # head dim 128: n x d = 6144 = h
+    ("340b", 4096, 96, 18432, 96, 73728),  # head dim 192: n x d = 18432 = h
+])
+def test_nemotron4_causal_flops_against_a_hand_count(size, s, L, h, n, ffn):
+    # Squared-ReLU MLP (up, down), 8 KV heads, vocab 256000 (architectures.md).
+    expected = megatron_dense_causal(s, L, h, n, 8, ffn, 256000, gated=False)
+    got = flops.flops_per_sequence(get_model("pretrain_nemotron4", size), convention="causal")
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_nemotronh_causal_flops_against_a_hand_count():
+    # architectures.md, Nemotron-H 56B; each layer kind counted on its own, fwd + bwd = 3 x
+    # forward, 2 FLOPs per multiply-add, so 6 x the multiply-adds per token, times s tokens.
+    s, h, vocab = 8192, 8192, 131072
+    n_mamba, n_attn, n_mlp = 54, 10, 54
+    # Attention: q and o h x (64 x 128 = h), k and v h x (8 x 128); scores QK^T and AV,
+    # 2 x s x h multiply-adds per token, halved by the causal mask.
+    attn = 6 * s * (2 * h * h + 2 * h * 8 * 128 + s * h)
+    mlp = 6 * s * 2 * h * 32768  # squared ReLU: up and down, no gate
+    # Mamba-2: d_inner 16384 = 256 heads x 64, N 256, 8 groups, conv kernel 4, chunk 128.
+    H, P, N, G, Q = 256, 64, 256, 8, 128
+    d_inner = H * P
+    in_proj = h * (2 * d_inner + 2 * G * N + H)  # z, x, B, C, dt
+    out_proj = d_inner * h
+    conv = (d_inner + 2 * G * N) * 4  # depthwise over x, B, C
+    # SSD per token and head: C.B^T and its product with X over the earlier positions of
+    # the chunk (causal: Q/2 of them on average), the chunk state B (x) X and the output
+    # from the carried state (N x P each).
+    scan = H * (Q / 2 * (N + P) + 2 * N * P)
+    mamba = 6 * s * (in_proj + out_proj + conv + scan)
+    expected = n_attn * attn + n_mlp * mlp + n_mamba * mamba + 6 * s * h * vocab
+    model = get_model("pretrain_nemotronh", "56b")
+    assert model.layer_counts()["mamba"] == n_mamba and model.layer_counts()["mlp"] == n_mlp
+    got = flops.flops_per_sequence(model, convention="causal")
+    assert got == pytest.approx(expected, rel=1e-12)

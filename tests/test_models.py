@@ -26,11 +26,9 @@ from trainbench.engine.models.transformer import (
     rope_frequencies,
 )
 
-transformers = pytest.importorskip("transformers")
-
-# fp32 forward of a 2-3 layer model: differences come only from summation order.
-PARITY_ATOL = 1e-5
-PARITY_RTOL = 1e-4
+# fp32 forward of a 2-3 layer model: differences come only from summation order. The README
+# promises logits equal to 1e-5: the largest absolute difference, with no relative slack.
+PARITY_MAX_ABS = 1e-5
 
 LLAMA3_HF_ROPE = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -46,7 +44,9 @@ def tiny_llama_spec(rope_base: float, rope_scaling: str | None, layers: int) -> 
 
 
 def hf_llama(spec: ModelSpec) -> torch.nn.Module:
-    """A Hugging Face Llama of the spec's shape, HF's own random init, fp32, eager attention."""
+    """A Hugging Face Llama of the spec's shape, HF's own random init, fp32, eager attention.
+    Only the tests that compare with Hugging Face skip without transformers."""
+    transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden, intermediate_size=spec.ffn,
         num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
@@ -99,14 +99,15 @@ def test_logits_match_hugging_face_llama(rope_base, rope_scaling, layers):
     spec = tiny_llama_spec(rope_base, rope_scaling, layers)
     expected, got = logits_pair(spec)
     assert expected.abs().max() > 0.1  # a real signal, not near-zero logits
-    torch.testing.assert_close(got, expected, atol=PARITY_ATOL, rtol=PARITY_RTOL)
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() <= PARITY_MAX_ABS
 
 
 def test_hugging_face_parity_detects_missing_rope_scaling():
     """The parity test is sharp enough: dropping the llama3 scaling breaks it."""
     spec = tiny_llama_spec(500000.0, "llama3", 3)
     expected, got = logits_pair(spec, ours_spec=replace(spec, rope_scaling=None))
-    assert (got - expected).abs().max() > 100 * PARITY_ATOL
+    assert (got - expected).abs().max() > 100 * PARITY_MAX_ABS
 
 
 def llama3_scaled_reference(base: float, dim: int) -> list[float]:

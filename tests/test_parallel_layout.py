@@ -87,12 +87,25 @@ def test_pipeline_schedule_rules_are_validated():
 
 H100_ROWS = [r for r in recipes.RECIPES if r.gpu_type == "h100"]
 
+# The seeds' H100 tables, counted by hand (scales x dtypes): Llama 3.1 8B 5 x 2, 70B 6 x 2,
+# the 405B proxies 3 x 2 and 405B 3 x 2 (seed 002); Llama 2 70B 6 x 2 (seed 001);
+# Nemotron-4 15B 8 x 2 and 340B (128 from seed 000, 256-2048 from seed 003) 5 x 2;
+# Nemotron-H 56B 7 x 1 (FP8 only, seed 004).
+SEED_ROWS = {("pretrain_llama3.1", "8b"): 10, ("pretrain_llama3.1", "70b"): 12,
+             ("pretrain_llama3.1", "405b-proxy"): 6, ("pretrain_llama3.1", "405b"): 6,
+             ("pretrain_llama2", "70b"): 12, ("pretrain_nemotron4", "15b"): 16,
+             ("pretrain_nemotron4", "340b"): 10, ("pretrain_nemotronh", "56b"): 7}
+
 
 def test_every_seed_row_dry_runs_at_real_size_with_its_rank_layout(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINBENCH_ROOT", str(tmp_path))
     monkeypatch.setenv("TRAINBENCH_CONFIG", str(tmp_path / "cluster.yaml"))
     runner = CliRunner()
-    assert len(H100_ROWS) >= 70  # every seed table (counted in test_catalog_plan)
+    counted: dict[tuple[str, str], int] = {}
+    for row in H100_ROWS:
+        counted[(row.workload, row.size)] = counted.get((row.workload, row.size), 0) + 1
+    assert counted == SEED_ROWS and sum(SEED_ROWS.values()) == 79
+    checked = 0
     for row in H100_ROWS:
         result = runner.invoke(app, ["run", "-w", row.workload, "-s", row.size, "--dtype",
                                      row.dtype, "--scale", str(row.gpus), "--gpu", "h100",
@@ -108,4 +121,6 @@ def test_every_seed_row_dry_runs_at_real_size_with_its_rank_layout(tmp_path, mon
         last = rank_coordinates(row.gpus - 1, planmod.build_plan(
             row.workload, row.size, row.dtype, row.gpus, "h100"))
         assert last == {"pp": row.pp - 1, "dp": row.dp - 1, "cp": row.cp - 1, "tp": row.tp - 1}
+        checked += 1
+    assert checked == 79
     assert not (tmp_path / "experiments").exists()  # a dry run writes nothing

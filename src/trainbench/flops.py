@@ -77,15 +77,16 @@ def mamba_layer_flops(m: ModelSpec, s: int) -> float:
     """One Mamba-2 layer, fwd+bwd: projections plus the chunked SSD scan.
 
     SSD per token and head (Dao & Gu 2024, "minimal" form): C.B^T and its product with X
-    inside a chunk of Q (causal, so Q*(N+P) MACs on average), the chunk state B (x) X
-    (N*P MACs) and the output from the carried state (N*P MACs).
+    inside a chunk of Q against the positions before it (causal: Q/2 of them on average,
+    so Q/2*(N+P) MACs, halved as attention's scores are), the chunk state B (x) X (N*P
+    MACs) and the output from the carried state (N*P MACs).
     """
     h, H, P, N, G = m.hidden, m.mamba_heads, m.mamba_head_dim, m.mamba_state, m.mamba_groups
     d_inner = H * P
     proj = h * (2 * d_inner + 2 * G * N + H) + d_inner * h
     conv = (d_inner + 2 * G * N) * m.mamba_conv_kernel
     Q = m.mamba_chunk
-    scan = H * (Q * (N + P) + 2 * N * P)
+    scan = H * (Q / 2 * (N + P) + 2 * N * P)
     return 6 * s * (proj + conv + scan)
 
 
