@@ -170,7 +170,16 @@ def register(app: typer.Typer) -> None:
         except ValueError as err:
             fail(str(err).splitlines()[0])
         if executor == "local":
-            env_vars = {**dict(cluster_env(cluster)), **env_vars}
+            # The same rules as for a job script: a config must not make the ranks load code.
+            from .slurm import SlurmError, check_env
+            try:
+                cluster_pairs = cluster_env(cluster)
+            except SlurmError as err:
+                fail(err.problems[0])
+            bad = check_env(cluster_pairs, "cluster config env")
+            if bad:
+                fail(bad[0])
+            env_vars = {**dict(cluster_pairs), **env_vars}
         else:
             gpu = gpu or cluster.get("gpu_type")
             gpus_per_node = gpus_per_node or cluster.get("gpus_per_node")
