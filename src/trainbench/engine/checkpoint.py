@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import time
 import uuid
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
                                                      set_model_state_dict,
@@ -101,6 +103,11 @@ class Checkpointer:
             _rng_key(self.rank): _rng_state(self.device),
         }
 
+    def _master_dtype(self) -> str:
+        dtypes = {str(p.dtype).removeprefix("torch.") for part in self.parts
+                  for p in part.parameters()}
+        return "/".join(sorted(dtypes))
+
     def save_id(self) -> str:
         """One id for this run's temporary folders, the same on every rank."""
         if self._save_id is None:
@@ -119,19 +126,29 @@ class Checkpointer:
             self.folder.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         start = time.time()
-        dcp.save(self._state(step), checkpoint_id=str(partial))
-        _maybe_fail_during_save(step, self.rank)
-        # Every rank's shards are on disk before the checkpoint becomes visible.
-        dist.barrier()
-        if self.rank == 0:
-            size, files = dirs.size_on_disk(partial)
-            record = {**self.identity, "step": step, "saved_at": time.time(),
-                      "world_size": self.world_size,
-                      "layout": self.layout, "size_bytes": size, "files": files,
-                      "torch_version": torch.__version__}
-            _write_durably(partial / dirs.MARKER_FILE, json.dumps(record, indent=2))
-            os.rename(partial, final)
-            _fsync_dir(self.folder)
+        try:
+            dcp.save(self._state(step), checkpoint_id=str(partial))
+            _maybe_fail_during_save(step, self.rank)
+            # Every rank's shards are on disk before the checkpoint becomes visible.
+            dist.barrier()
+            if self.rank == 0:
+                size, files = dirs.size_on_disk(partial)
+                record = {**self.identity, "step": step, "saved_at": time.time(),
+                          "world_size": self.world_size,
+                          "layout": self.layout, "size_bytes": size, "files": files,
+                          "torch_version": torch.__version__, "format": dirs.FORMAT,
+                          **dirs.manifest(partial)}
+                if "architecture" in self.identity:
+                    # What the parameters really are, not what the plan says they are.
+                    record["architecture"] = {**self.identity["architecture"],
+                                              "master_dtype": self._master_dtype()}
+                _write_durably(partial / dirs.MARKER_FILE, json.dumps(record, indent=2))
+                os.rename(partial, final)
+                _fsync_dir(self.folder)
+        except (OSError, CheckpointException):
+            # A write error (a full disk) leaves no half-written files to fill it further.
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
         dist.barrier()
         duration = time.time() - start
         self.log(f"Global Checkpoint Save : Rank: 0 : Iteration: {step} : "
@@ -145,17 +162,30 @@ class Checkpointer:
     def load(self, path: str | Path) -> int:
         """Restore model, optimizer and RNG from a complete checkpoint; returns its step."""
         info = dirs.read_complete(Path(path))  # a partial checkpoint is never loaded
+        if "architecture" in self.identity:  # the launcher checked it too; python -m did not
+            problem = dirs.model_mismatch(info.record, self.identity.get("workload"),
+                                          self.identity.get("size", ""),
+                                          self.identity["architecture"])
+            if problem:
+                raise dirs.CheckpointError(f"checkpoint {info.path} {problem}")
         start = time.time()
         optim_sd, optim_names = self._optim_state()
         state: dict = {"model": self._model_state(), "optim": optim_sd,
                        "train": {"step": torch.zeros((), dtype=torch.int64)}}
-        saved_keys = dcp.FileSystemReader(str(info.path)).read_metadata().state_dict_metadata
         rng_key = _rng_key(self.rank)
-        # A rank that did not exist when the checkpoint was saved keeps its seeded RNG.
-        has_rng = any(key.startswith(rng_key + ".") for key in saved_keys)
-        if has_rng:
-            state[rng_key] = _rng_state(self.device)
-        dcp.load(state, checkpoint_id=str(info.path))
+        try:
+            saved_keys = dcp.FileSystemReader(str(info.path)).read_metadata().state_dict_metadata
+            # A rank that did not exist when the checkpoint was saved keeps its seeded RNG.
+            has_rng = any(key.startswith(rng_key + ".") for key in saved_keys)
+            if has_rng:
+                state[rng_key] = _rng_state(self.device)
+            dcp.load(state, checkpoint_id=str(info.path))
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - one fault for all
+            # Unpickling errors, truncated records, short reads, missing keys: the files
+            # are not what this model needs. One line; the traceback goes to the log.
+            raise dirs.CheckpointError(
+                f"checkpoint {info.path} could not be read: its files are damaged or not from "
+                f"this model; load another checkpoint ({_first_line(err)})") from err
         for part in self.parts:
             own = get_model_state_dict(part).keys()
             set_model_state_dict(part, {k: state["model"][k] for k in own})
@@ -179,6 +209,18 @@ class Checkpointer:
         self.log(f"Checkpoint loaded: {info.path} (iteration {step}, saved with "
                  f"{saved_layout} on {info.record.get('world_size', '?')} ranks{moved})")
         return step
+
+
+def _first_line(err: BaseException) -> str:
+    """'Type: first line' of an error; for DCP's CheckpointException (a BaseException
+    that wraps each failed rank's error), of the first rank's error."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))  # (exception, its stack summary)
+        err = inner[0] if isinstance(inner, tuple) else inner
+    # The first sentence: torch's unpickling errors go on with advice that does not apply.
+    text = str(err).strip().split("\n")[0].split(". ")[0][:160]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _maybe_fail_during_save(step: int, rank: int) -> None:

@@ -7,11 +7,19 @@ is renamed only after every rank has written and the marker is in place, so a fo
 named `step-<N>` is complete by construction; anything else is an interrupted save and
 is never loaded.
 
+The marker also says what the checkpoint is: the model's architecture (every field of
+its spec that shapes the parameters or the function they compute, and the dtype of the
+master weights), the storage format, and the size of every file with the .metadata's
+SHA-256. The launcher checks all of it against the run before anything starts, so a
+checkpoint of another model, or one whose files were truncated, replaced or corrupted
+since it was written, is refused with one line instead of failing inside the ranks.
+
 Pure Python, no torch: the launcher resolves `--load-checkpoint` before anything starts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -20,6 +28,16 @@ from pathlib import Path
 CHECKPOINTS_DIR = "checkpoints"
 MARKER_FILE = "COMPLETE"
 DCP_METADATA = ".metadata"
+FORMAT = 2
+"""Storage format of the tensors; 2: Mamba in_proj/conv rows grouped by B/C group, with
+dt_bias, A_log and D under `mixer.ssm` (1, unrecorded: the reference's row order)."""
+MASTER_DTYPE = "float32"
+"""The dtype of the parameters the optimizer updates, in every run dtype: bf16 and fp8
+compute from fp32 master weights (the engine records what it really holds)."""
+# Spec fields that change neither the parameters nor what they compute: the display name,
+# the benchmark's sequence length (a data choice) and Mamba's scan chunk (a blocking of
+# the same sums).
+_NOT_ARCHITECTURE = ("name", "seq_len", "mamba_chunk")
 _FINAL = re.compile(r"^step-(\d+)$")
 _PARTIAL = re.compile(r"^step-(\d+)\.tmp-[A-Za-z0-9]+$")
 
@@ -70,7 +88,74 @@ def read_complete(path: Path) -> CheckpointInfo:
     if not (path / DCP_METADATA).is_file():
         raise CheckpointError(f"checkpoint {path} has a {MARKER_FILE} marker but no "
                               f"{DCP_METADATA}: its files were removed; load another checkpoint")
+    _check_files(path, record)
     return CheckpointInfo(path=path, step=step, record=record)
+
+
+def manifest(path: Path) -> dict:
+    """What the marker records of a checkpoint's files: each one's size, and the
+    SHA-256 of the .metadata (small; it indexes every tensor)."""
+    sizes = {item.name: item.stat().st_size for item in sorted(Path(path).iterdir())
+             if item.is_file() and item.name != MARKER_FILE}
+    digest = hashlib.sha256((Path(path) / DCP_METADATA).read_bytes()).hexdigest()
+    return {"file_sizes": sizes, "metadata_sha256": digest}
+
+
+def _check_files(path: Path, record: dict) -> None:
+    """The files the marker lists are there with their recorded sizes, and the .metadata
+    is the one written. The shards' bytes are not hashed here (that would read the whole
+    checkpoint twice); a damaged shard is named by the engine when it fails to read."""
+    sizes = record.get("file_sizes")
+    if not isinstance(sizes, dict):
+        return  # written before markers listed files
+    for name, size in sizes.items():
+        item = path / name
+        if not item.is_file():
+            raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing; "
+                                  "load another checkpoint")
+        if item.stat().st_size != size:
+            raise CheckpointError(f"checkpoint {path} is damaged: {name} has "
+                                  f"{item.stat().st_size} bytes, {size} when it was saved; "
+                                  "load another checkpoint")
+    digest = hashlib.sha256((path / DCP_METADATA).read_bytes()).hexdigest()
+    if digest != record.get("metadata_sha256", digest):
+        raise CheckpointError(f"checkpoint {path} is damaged: its {DCP_METADATA} changed since "
+                              "it was saved (SHA-256 differs); load another checkpoint")
+
+
+def architecture(spec) -> dict:
+    """What a checkpoint must match to load into a model of `spec` (a ModelSpec)."""
+    fields = {k: v for k, v in spec.to_dict().items() if k not in _NOT_ARCHITECTURE}
+    return {**fields, "master_dtype": MASTER_DTYPE}
+
+
+def model_mismatch(record: dict, workload: str, size: str, wanted: dict) -> str | None:
+    """Why a checkpoint with this marker cannot load into `workload`/`size` whose
+    architecture is `wanted` (see `architecture`), in one line, or None when it can."""
+    saved_by = (record.get("workload"), record.get("size"))
+    if saved_by[0] and saved_by != (workload, size.lower()):
+        return (f"holds {saved_by[0]} {saved_by[1]}, not {workload} {size}; load a checkpoint "
+                "of the same model")
+    saved = record.get("architecture")
+    if record.get("format") != FORMAT or not isinstance(saved, dict):
+        return ("was written by an older trainbench whose checkpoints record no model "
+                "architecture (or store tensors differently); it cannot be checked against "
+                "this model, so it is not loaded: save a new one")
+    differ = [f"{key} {saved.get(key, 'unrecorded')} (checkpoint) vs {wanted.get(key)} "
+              "(this run)" for key in sorted(set(saved) | set(wanted))
+              if saved.get(key) != wanted.get(key)]
+    if differ:
+        return (f"holds a different model: {', '.join(differ)}; load a checkpoint of the "
+                "same architecture (the same --set overrides)")
+    return None
+
+
+def check_model(info: CheckpointInfo, workload: str, size: str, spec) -> None:
+    """CheckpointError (one line) unless `info` loads into `workload`/`size` built as
+    `spec`: what the launcher calls before anything starts, and the engine again."""
+    problem = model_mismatch(info.record, workload, size, architecture(spec))
+    if problem:
+        raise CheckpointError(f"checkpoint {info.path} {problem}")
 
 
 def scan(folder: Path) -> tuple[list[CheckpointInfo], list[Path]]:
@@ -85,6 +170,8 @@ def scan(folder: Path) -> tuple[list[CheckpointInfo], list[Path]]:
             try:
                 complete.append(read_complete(child))
             except CheckpointError:
+                if (child / MARKER_FILE).is_file():
+                    raise  # committed, then damaged: never silently passed over
                 partial.append(child)
     complete.sort(key=lambda info: info.step)
     return complete, partial

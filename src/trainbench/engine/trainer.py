@@ -161,6 +161,7 @@ class Trainer:
 
     def setup_features(self) -> None:
         """Checkpointing (and the load that sets the first iteration), then tracing."""
+        from . import checkpoint_dirs
         from .checkpoint import Checkpointer
         from .profiling import StepTracer
         f = self.plan.features
@@ -168,7 +169,8 @@ class Trainer:
             self.model_parts, self.optimizer, self.device, self.exp_dir,
             self.plan.layout.describe(), self.log,
             identity={"workload": self.plan.workload, "size": self.plan.size,
-                      "model": self.plan.model.name, "experiment": self.plan.name})
+                      "model": self.plan.model.name, "experiment": self.plan.name,
+                      "architecture": checkpoint_dirs.architecture(self.plan.model)})
         if f.load_checkpoint:
             # The loaded step counts: iterations continue from it for plan.steps more.
             self.step = self.checkpointer.load(f.load_checkpoint)

@@ -196,10 +196,6 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"trainbench: note: ignoring interrupted checkpoint save {partial}",
                            err=True)
             load_checkpoint, loaded_step = str(found.path.resolve()), found.step
-            saved_by = (found.record.get("workload"), found.record.get("size"))
-            if saved_by[0] and saved_by != (workload, size.lower()):
-                fail(f"checkpoint {found.path} holds {saved_by[0]} {saved_by[1]}, not "
-                     f"{workload} {size}; load a checkpoint of the same model")
             if profile and not (loaded_step <= start and stop < loaded_step + steps):
                 fail(f"--profile-steps {start}-{stop} lies outside this run's iterations "
                      f"{loaded_step}-{loaded_step + steps - 1} (it resumes at {loaded_step}); "
@@ -232,6 +228,13 @@ def register(app: typer.Typer) -> None:
             for problem in err.problems:
                 typer.echo(f"trainbench: error: {problem}", err=True)
             raise typer.Exit(2)
+        if load_checkpoint:
+            # The model this plan builds (overrides included) against the one saved.
+            from ..engine.checkpoint_dirs import CheckpointError, check_model
+            try:
+                check_model(found, workload, size, plan.model)
+            except CheckpointError as err:
+                fail(str(err))
         if profile == "nsys" and executor == "local" and not shutil.which("nsys"):
             fail("--profile nsys: nsys (Nsight Systems) is not on PATH; install it or use "
                  "--profile torch")
