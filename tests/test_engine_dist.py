@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -40,24 +41,42 @@ def test_run_writes_log_metrics_and_never_overwrites(tmp_path):
     assert json.loads((first / "exit.json").read_text())["exit_code"] == 0
 
 
+def live_processes_naming(text: str) -> list[str]:
+    """Full command lines of running processes containing text (ps would cut them short)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text in args and state != "Z":
+            found.append(args)
+    return found
+
+
+@pytest.mark.slow
 def test_killed_rank_ends_the_job_with_a_clear_message(tmp_path):
-    t0 = time.time()
     res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--dtype", "fp32", "--scale",
-                  "2", "--steps", "20", "--gpu", "cpu", root=tmp_path,
+                  "2", "--steps", "20", "--gpu", "cpu", root=tmp_path, timeout=900,
                   env={"TRAINBENCH_FAIL_AT_STEP": "2", "TRAINBENCH_FAIL_RANK": "1"})
-    elapsed = time.time() - t0
-    assert res.returncode != 0
-    assert elapsed < 60
-    assert "rank 1 failed (killed by SIGKILL)" in res.stderr
-    assert "Traceback" not in res.stderr
+    assert res.returncode == 1
+    # Rank 0 dies of the broken connection too, sometimes before torchrun looks; the
+    # cause is still rank 1, and the terminal shows neither traceback nor gloo's error.
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainbench: error: run failed: rank 1 failed (killed by SIGKILL)")
+    terminal = res.stdout + res.stderr
+    assert "Traceback" not in terminal and "Connection reset" not in terminal
     (exp,) = experiment_dirs(tmp_path)
     log = (exp / "log-pretrain_llama3.1_tiny_fp32_gpus2.out").read_text()
-    assert "iteration 1/19" in log and "job failed" in log  # the partial log is kept
+    assert "iteration 1/19" in log  # the partial log is kept
+    assert "trainbench: job failed: rank 1 failed (killed by SIGKILL)" in log
+    assert "ChildFailedError" in log  # torchrun's report went to the log
     exit_record = json.loads((exp / "exit.json").read_text())
-    assert exit_record["exit_code"] != 0
-    # No orphan ranks: nothing still runs this experiment's plan.
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(exp) not in ps
+    assert exit_record["exit_code"] == res.returncode
+    summary = json.loads(run_cli("results", str(exp), "--format", "json").stdout)
+    assert summary["experiments"][0]["status"] == "Failed"
+    assert live_processes_naming(str(exp)) == []  # no orphan rank
 
 
 def test_bad_run_input_is_one_line(tmp_path):
@@ -86,7 +105,7 @@ def test_killing_the_launcher_stops_every_rank(tmp_path):
                              "pretrain_llama3.1", "-s", "tiny", "--dtype", "fp32", "--scale", "2",
                              "--gpu", "cpu", "--steps", "500"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 90
+    deadline = time.time() + 600
     exp = None
     while time.time() < deadline:
         found = experiment_dirs(tmp_path) if (tmp_path / "experiments").exists() else []
@@ -96,10 +115,16 @@ def test_killing_the_launcher_stops_every_rank(tmp_path):
         time.sleep(0.5)
     assert exp is not None, "the run never logged two steps"
     proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
-    assert proc.returncode != 0
+    _, stderr = proc.communicate(timeout=600)
     record = json.loads((exp / "exit.json").read_text())
-    assert record["exit_code"] == 130 and "interrupted" in record["reason"]
-    time.sleep(1)
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert str(exp) not in ps  # no rank outlived the launcher
+    # The launcher ends as it records it ended: 128 + SIGTERM.
+    assert proc.returncode == record["exit_code"] == 128 + signal.SIGTERM
+    assert "interrupted by SIGTERM" in record["reason"]
+    assert "interrupted by SIGTERM" in stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stderr
+    summary = json.loads(run_cli("results", str(exp), "--format", "json").stdout)
+    assert summary["experiments"][0]["status"] == "Failed"
+    deadline = time.monotonic() + 120  # a bound only: the ranks are normally gone already
+    while live_processes_naming(str(exp)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert live_processes_naming(str(exp)) == []  # no rank outlived the launcher

@@ -132,6 +132,8 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
         for raw in proc.stdout:
             stream.line(raw.rstrip("\n"))
         code = proc.wait()
+        if code < 0:  # torchrun itself killed: the shell's 128 + signal, as we exit with it
+            code = 128 - code
     except KeyboardInterrupt as err:
         _kill_group(proc)
         interrupted = err.args[0] if err.args else signal.SIGINT
@@ -288,6 +290,8 @@ def describe_failure(code: int, lines: list[str], errors: dict[int, str] | None 
     failures, closed = torchrun_failures(lines)
     rank = first_cause(failures, closed, errors)
     if rank is None:
+        if code > 128 and code - 128 in signal.valid_signals():
+            return f"torchrun was killed by {signal.Signals(code - 128).name}; its ranks died with it"
         return f"torchrun exited with code {code}"
     exitcode = failures.get(rank, (None, None))[0]
     if exitcode is not None and exitcode < 0 and -exitcode in signal.valid_signals():
@@ -295,12 +299,14 @@ def describe_failure(code: int, lines: list[str], errors: dict[int, str] | None 
     else:
         what = f"exit code {exitcode if exitcode is not None else code}"
     error = errors.get(rank, "")
+    disk_full = bool(_DISK_FULL.search(error))
+    error = error.removeprefix("disk full: ")
     text = f"rank {rank} failed ({what})"
     if error:
         text += f": {_shorten(error)}"
     if world > 1:
         text += "; the other ranks were stopped"
-    return f"disk full: {text}" if _DISK_FULL.search(error) else text
+    return f"disk full: {text}" if disk_full else text
 
 
 def _shorten(message: str, limit: int = 240) -> str:
