@@ -94,6 +94,7 @@ def test_bad_run_input_is_one_line(tmp_path):
     assert not (tmp_path / "experiments").exists()  # nothing half-written
 
 
+@pytest.mark.slow
 def test_killing_the_launcher_stops_every_rank(tmp_path):
     """SIGTERM (or a closed terminal's SIGHUP) to `trainbench run` stops the ranks too."""
     import signal
