@@ -246,6 +246,9 @@ _DISK_FULL = re.compile(r"No space left on device|Errno 28\b|ENOSPC|Disk quota e
                         r"Errno 122\b|database or disk is full|^disk full", re.IGNORECASE)
 
 
+_EXITCODE = re.compile(r"\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?")
+
+
 def torchrun_failures(lines: list[str]) -> tuple[dict[int, tuple[int, int | None]], set[int]]:
     """From torchrun's output: {rank: (exit code, pid)} of the failed ranks, and the pids
     torchrun itself stopped with a closing signal after the first failure."""
@@ -260,8 +263,7 @@ def torchrun_failures(lines: list[str]) -> tuple[dict[int, tuple[int, int | None
             failures.setdefault(int(m.group(2)), (int(m.group(1)), int(m.group(3))))
         elif m := re.match(r"\s*rank\s*:\s*(\d+)", line):
             rank = int(m.group(1))
-        elif rank is not None and (m := re.match(r"\s*exitcode\s*:\s*(-?\d+)(?:\s*\(pid:\s*(\d+)\))?",
-                                                 line)):
+        elif rank is not None and (m := _EXITCODE.match(line)):
             failures.setdefault(rank, (int(m.group(1)), int(m.group(2)) if m.group(2) else None))
             rank = None
     return failures, closed
@@ -291,7 +293,8 @@ def describe_failure(code: int, lines: list[str], errors: dict[int, str] | None 
     rank = first_cause(failures, closed, errors)
     if rank is None:
         if code > 128 and code - 128 in signal.valid_signals():
-            return f"torchrun was killed by {signal.Signals(code - 128).name}; its ranks died with it"
+            name = signal.Signals(code - 128).name
+            return f"torchrun was killed by {name}; its ranks died with it"
         return f"torchrun exited with code {code}"
     exitcode = failures.get(rank, (None, None))[0]
     if exitcode is not None and exitcode < 0 and -exitcode in signal.valid_signals():
