@@ -49,16 +49,6 @@ def mfu_problem(mfu_pct: float | None, peak_tflops: float | None = None,
             "device's real dense peak (run --peak-tflops) or its right type (--gpu)")
 
 
-def format_mfu_pct(mfu_pct: float | None, fmt: str = ".2f", peak_tflops: float | None = None,
-                   peak_source: str | None = None) -> str:
-    """'41.07%', '-' when there is none, 'INVALID' for an impossible one (see mfu_problem)."""
-    if mfu_pct is None:
-        return "-"
-    if mfu_problem(mfu_pct, peak_tflops, peak_source):
-        return "INVALID"
-    return f"{mfu_pct:{fmt}}%"
-
-
 def days_to_train(tokens_per_s: float, total_tokens: float = ONE_TRILLION) -> float:
     return total_tokens / tokens_per_s / SECONDS_PER_DAY
 
