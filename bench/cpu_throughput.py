@@ -5,7 +5,11 @@ same dtype, same machine, same run. trainbench runs through its real CLI (torchr
 rank); the baseline is a hand-written loop. Both report tokens/s over the seeds' step
 window (iterations 11-44 of 50 by default, scaled to --steps).
 
-    python bench/cpu_throughput.py [--steps 50] [--dtype fp32|bf16]
+    python bench/cpu_throughput.py [--steps 50] [--dtype fp32|bf16|all]
+
+It prints the machine (CPU model, cores, native bf16 or not, torch version, load) with
+its table, so a figure always says where it came from. Both loops make a step's batches
+before starting its timer, as trainbench's trainer does.
 """
 
 from __future__ import annotations
@@ -55,10 +59,10 @@ def hf_step_times(steps: int, dtype: str) -> list[float]:
     opt = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=(0.9, 0.95), weight_decay=0.1)
     times = []
     for step in range(steps):
+        batches = [data.microbatch(plan.seed, step, first, plan.mbs, plan.seq_len,
+                                   spec.vocab_size) for first in range(0, plan.gbs, plan.mbs)]
         t0 = time.perf_counter()
-        for first in range(0, plan.gbs, plan.mbs):
-            inputs, labels = data.microbatch(plan.seed, step, first, plan.mbs, plan.seq_len,
-                                             spec.vocab_size)
+        for inputs, labels in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
                 logits = model(input_ids=inputs).logits
             loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
@@ -76,21 +80,39 @@ def window_mean(times: list[float]) -> float:
     return statistics.fmean(times[start:end + 1])
 
 
+def machine_line() -> str:
+    """CPU model, cores, native bf16, torch version and load: where the figures come from."""
+    from trainbench.default_dtype import native_bf16_flags, read_cpuinfo
+    info = read_cpuinfo()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    flags = native_bf16_flags(info)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"machine: {model}, {cores} cores, "
+            f"{'native bf16 (' + ', '.join(flags) + ')' if flags else 'no native bf16'}, "
+            f"torch {torch.__version__}, "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; "
+            f"load average before the run {load}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--dtype", default="all", choices=("fp32", "bf16", "all"))
     args = parser.parse_args()
     tokens = 8 * 128
-    tb = window_mean(trainbench_step_times(args.steps, args.dtype))
-    hf = window_mean(hf_step_times(args.steps, args.dtype))
-    print(f"tiny Llama 3.1, {args.dtype}, GBS 8 x 128 tokens, {args.steps} steps, "
-          f"window {default_window(args.steps)}, {os.cpu_count()} CPU cores")
-    print(f"{'trainbench (torchrun, 1 rank)':<40} {tb * 1e3:8.1f} ms/step "
-          f"{tokens / tb:10.0f} tokens/s")
-    print(f"{'Hugging Face LlamaForCausalLM + AdamW':<40} {hf * 1e3:8.1f} ms/step "
-          f"{tokens / hf:10.0f} tokens/s")
-    print(f"ratio trainbench / Hugging Face tokens/s: {hf / tb:.2f}")
+    print(machine_line())
+    print(f"tiny Llama 3.1, GBS 8 x 128 tokens, {args.steps} steps, window "
+          f"{'-'.join(map(str, default_window(args.steps)))}; trainbench: torchrun, 1 rank")
+    print("| dtype | trainbench | Hugging Face loop | ratio |")
+    print("|---|---|---|---|")
+    for dtype in (("fp32", "bf16") if args.dtype == "all" else (args.dtype,)):
+        tb = window_mean(trainbench_step_times(args.steps, dtype))
+        hf = window_mean(hf_step_times(args.steps, dtype))
+        print(f"| {dtype} | {tb * 1e3:.1f} ms/step, {tokens / tb:,.0f} tokens/s | "
+              f"{hf * 1e3:.1f} ms/step, {tokens / hf:,.0f} tokens/s | {hf / tb:.2f} |",
+              flush=True)
 
 
 if __name__ == "__main__":
