@@ -127,3 +127,16 @@ def test_predict_with_impossible_calibration_shows_invalid(tmp_path):
     # The defaults predict a possible MFU, printed as a figure.
     plain = run_cli(*args, "--format", "json", env={"TRAINBENCH_CONFIG": str(tmp_path / "none")})
     assert 0 < json.loads(plain.stdout)["mfu"] <= 1
+
+
+def test_flops_with_an_impossible_step_time_shows_invalid():
+    """Llama 3.1 8B at 1 s/step on 8 H100 would be 767% of the bf16 peak."""
+    args = ("flops", "-w", "pretrain_llama3.1", "-s", "8b", "--gbs", "128", "--gpus", "8",
+            "--dtype", "bf16")
+    bad = run_cli(*args, "--step-time", "1")
+    assert bad.returncode == 0, bad.stderr
+    (line,) = [x for x in bad.stdout.splitlines() if "MFU" in x]
+    assert "INVALID: MFU 767." in line and "--peak-tflops" in line
+    good = run_cli(*args, "--step-time", "12.27")  # seed 002's published step time
+    (line,) = [x for x in good.stdout.splitlines() if "MFU" in x]
+    assert "INVALID" not in line and "% of 989 TFLOPS" in line

@@ -254,9 +254,11 @@ def flops(
     if not missing:
         tps = metrics.tokens_per_second(seq, gbs, step_time)
         typer.echo(f"tokens/s: {tps:,.2f}  days per 1T tokens: {metrics.days_to_train(tps):.2f}")
+        mfu_pct = 100 * metrics.mfu(gbs, total, step_time, gpus, peak)
+        # An impossible MFU (above 100%) is shown as INVALID with its reason, never a figure.
+        mfu_text = metrics.mfu_problem(mfu_pct, peak) or f"{mfu_pct:.2f}% of {peak:g} TFLOPS"
         typer.echo(f"TFLOPS/GPU: {metrics.tflops_per_gpu(gbs, total, step_time, gpus):.1f}  "
-                   f"MFU ({convention}): {100 * metrics.mfu(gbs, total, step_time, gpus, peak):.2f}%"
-                   f" of {peak:g} TFLOPS")
+                   f"MFU ({convention}): {mfu_text}")
 
 
 # Commands that live with their subsystem register themselves here, each importing
