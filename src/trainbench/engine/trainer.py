@@ -32,6 +32,8 @@ from .parallel import clip_grad_norm_
 from .parallel.mesh import ParallelDims
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32}
+CPU_FP8_NO_MFU = ("MFU not applicable: FP8 on a CPU is an emulation (torch._scaled_mm in "
+                  "software) run for correctness, not a performance figure")
 
 
 def _rss_bytes() -> int:
@@ -73,7 +75,7 @@ class Trainer:
         self.dims = ParallelDims.from_layout(self.plan.layout, self.world_size)
         self.dims.build_mesh(self.device.type)
 
-    def build_model(self) -> None:
+    def build_model(self, materialize: bool = True) -> None:
         """Build on meta, cut into pipeline stages, parallelize and materialise each part.
 
         `model_parts` holds this rank's modules: the whole model, or its pipeline stages
@@ -81,6 +83,9 @@ class Trainer:
         `model` is the one module the optimizer sees: the only part, or a ModuleList of
         the stages (whose own names gain a "0."/"1." prefix: checkpoint code should
         iterate `model_parts`).
+
+        `materialize=False` keeps every parameter on the meta device: `trainbench check`
+        builds a rank of a real-size plan this way under a fake process group.
         """
         from .models import build_model
         from .parallel import parallelize
@@ -93,7 +98,9 @@ class Trainer:
             stages = [(0, model)]
         self.model_parts = []
         for _, part in stages:
-            part = self.materialize(parallelize(part, self.plan, self.dims, self.compute_dtype))
+            part = parallelize(part, self.plan, self.dims, self.compute_dtype)
+            if materialize:
+                part = self.materialize(part)
             part.train()
             self.model_parts.append(part)
         self.model = (self.model_parts[0] if len(self.model_parts) == 1
@@ -141,13 +148,25 @@ class Trainer:
         torch.manual_seed(self.plan.seed)
         self.build_model()
         self.optimizer = build_optimizer(self.model, self.plan.lr)
+        self.fp8_info = None
+        if self.plan.dtype == "fp8":
+            from .parallel.float8 import summary
+            self.fp8_info = summary(self.model_parts, self.plan, dist.get_backend())
         spec = self.plan.model
         self.flops_per_seq = flops_mod.flops_per_sequence(spec, self.plan.seq_len, "published")
         from .parallel import single_rank_without_fsdp
         from .peak import resolve_peak
-        self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = resolve_peak(
-            self.plan, self.compute_dtype,
-            autocast=single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32)
+        self.mfu_not_applicable = None
+        if self.plan.dtype == "fp8" and self.device.type == "cpu":
+            # No CPU has FP8 arithmetic: torch._scaled_mm emulates it, so a CPU FP8 run
+            # checks numerics and its speed measures nothing an MFU could compare.
+            self.mfu_not_applicable = CPU_FP8_NO_MFU
+            self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = (
+                None, "not applicable", "CPU", None)
+        else:
+            self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = resolve_peak(
+                self.plan, self.compute_dtype,
+                autocast=single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32)
         if self.rank == 0:
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             self.log_file = open(self.log_path, "a", buffering=1)
@@ -157,6 +176,12 @@ class Trainer:
                      f"layout {self.plan.layout.describe()} MBS {self.plan.mbs} "
                      f"GBS {self.plan.gbs} GA {self.plan.ga}, {self.plan.dtype}, "
                      f"{self.plan.steps} steps")
+            if self.fp8_info is not None:
+                self.log(f"trainbench: fp8 recipe {self.fp8_info['recipe']}, "
+                         f"{self.fp8_info['float8_linears']} FP8 linears, FSDP float8 "
+                         f"all-gather {'on' if self.fp8_info['fsdp_float8_all_gather'] else 'off'}")
+            if self.mfu_not_applicable:
+                self.log(f"trainbench: {self.mfu_not_applicable}")
         self.setup_features()
 
     def setup_features(self) -> None:
@@ -202,6 +227,10 @@ class Trainer:
             "profiled": bool(self.plan.features.profile),
             "nccl_traced": bool(self.plan.features.nccl_trace),
         }
+        if self.fp8_info is not None:  # the recipe that ran, the layers kept in bf16
+            info["fp8"] = self.fp8_info
+        if self.mfu_not_applicable:
+            info["mfu_not_applicable"] = self.mfu_not_applicable
         (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
 
     def log(self, line: str) -> None:
@@ -350,6 +379,9 @@ class Trainer:
                                     pp_mesh=self.dims["pp"] if self.dims.pp_enabled else None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.plan.dtype == "fp8":
+            from .parallel.float8 import after_optimizer_step
+            after_optimizer_step(self.model_parts, self.plan, dist.get_backend())
         self.synchronize()
         elapsed = time.perf_counter() - start
         return self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)

@@ -1,0 +1,146 @@
+"""Build one rank of a plan as the engine does, on the meta device, under a fake process
+group of the plan's world size, and count what the rank holds.
+
+The rank's model comes from the engine's own code path (Trainer.build_model: meta
+device, pipeline split, FP8 conversion, TP, CP, activation checkpointing, FSDP2, in the
+engine's order) with materialisation skipped, so a 405B rank costs seconds and no
+memory. The fake backend answers every collective without communicating; a process
+group can be destroyed and made again for the next rank in the same process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..layout import rank_coordinates
+from ..plan import Plan
+
+_COMPUTE_BYTES = {"bf16": 2, "fp8": 2, "fp32": 4}
+
+
+def _tp_local_numel(param: torch.Tensor, tp_coordinate: int) -> tuple[int, bool]:
+    """Elements of `param` this rank's tensor-parallel shard holds before FSDP shards it
+    over dp x cp, and whether the parameter is replicated (not sharded) over tp."""
+    shape = list(param.shape)
+    mesh = getattr(param, "device_mesh", None)
+    names = mesh.mesh_dim_names if mesh is not None else None
+    if not names or "tp" not in names:
+        return math.prod(shape), True
+    placement = param.placements[names.index("tp")]
+    if not placement.is_shard():
+        return math.prod(shape), True
+    # torch.chunk's split: every rank but the last holds ceil(n / k) along the dim.
+    dim, k = placement.dim, mesh.size(names.index("tp"))
+    per = math.ceil(shape[dim] / k)
+    shape[dim] = max(0, min(per, shape[dim] - tp_coordinate * per))
+    return math.prod(shape), False
+
+
+def _stage_info(index: int, part: nn.Module) -> dict:
+    return {"stage": index,
+            "layers": sorted(int(k) for k in part.layers.keys()),
+            "embedding": getattr(part, "tok_embeddings", None) is not None,
+            "output": getattr(part, "output", None) is not None}
+
+
+def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.Module]) -> dict:
+    """What a built rank holds: parameter counts and the bytes of its model state."""
+    from ..engine.parallel.fsdp import fp32_units
+    tp_coordinate = rank_coordinates(rank, plan)["tp"]
+    compute = _COMPUTE_BYTES[plan.dtype]
+    local = tp_local = tp_replicated = unsharded = 0
+    param_bytes = gathered_bytes = 0
+    for part in parts:
+        fp32_params = {id(p) for unit in fp32_units(part) for p in unit.parameters()}
+        for param in part.parameters():
+            held = param.to_local() if hasattr(param, "to_local") else param
+            local += held.numel()
+            param_bytes += held.numel() * held.element_size()
+            n, replicated = _tp_local_numel(param, tp_coordinate)
+            tp_local += n
+            tp_replicated += n if replicated else 0
+            unsharded += param.numel()
+            # FSDP all-gathers this rank's TP shard in the compute dtype, except the units
+            # that keep fp32 (Mamba's dt_bias, A_log, D).
+            gathered_bytes += n * (4 if id(param) in fp32_params else compute)
+    single = plan.gpus == 1
+    info = {
+        "rank": rank,
+        **rank_coordinates(rank, plan),
+        "stages": [_stage_info(i, p) for i, p in zip(stage_indices, parts)],
+        "params_local": local,
+        "params_tp_local": tp_local,
+        "params_tp_replicated": tp_replicated,
+        "params_unsharded": unsharded,
+        # The parameters FSDP keeps are the fp32 master weights AdamW updates; gradients
+        # come back reduce-scattered into the same sharded fp32 layout; AdamW (foreach)
+        # keeps exp_avg and exp_avg_sq in the parameter's dtype.
+        "param_bytes": param_bytes,
+        "grad_bytes": param_bytes,
+        "optimizer_bytes": 2 * param_bytes,
+        "gathered_bytes": 0 if single else gathered_bytes,
+        "pp_step_bytes": 0,
+    }
+    if plan.layout.pp > 1 and not single:
+        # Under PP the engine keeps each stage's units gathered after forward and torch's
+        # pipelining defers gradient reduction to the last microbatch: the stage's
+        # compute-dtype weights and its fp32 TP-local gradients stay whole all step.
+        info["pp_step_bytes"] = gathered_bytes + 4 * tp_local
+    info["state_bytes"] = info["param_bytes"] + info["grad_bytes"] + info["optimizer_bytes"]
+    return info
+
+
+def build_rank(plan: Plan, rank: int):
+    """Initialise a fake process group as `rank` and build its model with the engine's
+    Trainer, left on the meta device. Returns the Trainer; the caller destroys the group."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from ..engine.parallel.mesh import ParallelDims
+    from ..engine.trainer import Trainer
+    dist.init_process_group("fake", rank=rank, world_size=plan.gpus, store=FakeStore())
+    trainer = Trainer(plan, Path("."))  # writes nothing: only set-up code runs
+    trainer.rank, trainer.world_size = rank, plan.gpus
+    trainer.local_rank = rank % plan.gpus_per_node
+    # Meta tensors need no device; the mesh is made for the CPU so no CUDA is touched.
+    trainer.device = torch.device("cpu")
+    trainer.dims = ParallelDims.from_layout(plan.layout, plan.gpus)
+    trainer.dims.build_mesh("cpu")
+    torch.manual_seed(plan.seed)
+    trainer.build_model(materialize=False)
+    return trainer
+
+
+def check_rank(plan: Plan, rank: int) -> dict:
+    """Build `rank` and count what it holds; an error is reported, not raised."""
+    from ..layout import rank_stages
+    start = time.perf_counter()
+    try:
+        trainer = build_rank(plan, rank)
+        lay = plan.layout
+        pp_rank = rank_coordinates(rank, plan)["pp"]
+        indices = rank_stages(pp_rank, lay.pp, lay.vp) if lay.pp > 1 else [0]
+        info = count_rank(plan, rank, indices, trainer.model_parts)
+        info["error"] = None
+    except Exception as err:  # a rank that fails to build is the finding, not a crash
+        info = {"rank": rank, **rank_coordinates(rank, plan),
+                "error": f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    info["build_s"] = round(time.perf_counter() - start, 2)
+    return info
+
+
+def check_ranks(plan: Plan, ranks: list[int], progress=None) -> list[dict]:
+    out = []
+    for rank in ranks:
+        out.append(check_rank(plan, rank))
+        if progress is not None:
+            progress(out[-1])
+    return out

@@ -1,0 +1,201 @@
+"""`trainbench check`: build chosen ranks of a plan at its real size, without GPUs.
+
+Importing this module imports no torch: the command body imports check.build.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+FORMATS = ("table", "json")
+GIB = 1024 ** 3
+
+
+def default_ranks(plan) -> list[int]:
+    """The first and last rank of every pipeline stage: between them they hold the
+    embedding, the output head and every layer, at both ends of the TP x CP x DP group."""
+    lay = plan.layout
+    per_stage = lay.tp * lay.cp * lay.dp
+    return sorted({r for s in range(lay.pp) for r in (s * per_stage, (s + 1) * per_stage - 1)})
+
+
+def parse_ranks(text: str, world: int) -> list[int]:
+    """'0,7,64-71' or 'all' -> sorted ranks; ValueError with the fix otherwise."""
+    if text.strip().lower() == "all":
+        return list(range(world))
+    ranks: set[int] = set()
+    try:
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            if "-" in part:
+                first, last = (int(x) for x in part.split("-", 1))
+                ranks.update(range(first, last + 1))
+            else:
+                ranks.add(int(part))
+    except ValueError:
+        raise ValueError(f"--ranks {text!r}: use rank numbers and ranges like 0,7,64-71 "
+                         "or 'all'") from None
+    bad = sorted(r for r in ranks if not 0 <= r < world)
+    if not ranks or bad:
+        raise ValueError(f"--ranks {text!r}: ranks must be in 0-{world - 1} for this plan")
+    return sorted(ranks)
+
+
+def predicted_for_rank(plan, pp_rank: int, config: dict | None = None) -> dict | None:
+    """predict's memory model (trainbench's engine sharding) for one pipeline rank."""
+    from ..predict.context import ENGINE, make_context
+    from ..predict.memory import rank_memory
+    try:
+        m = rank_memory(make_context(plan, sharding=ENGINE, config=config, need_device=False),
+                        pp_rank)
+    except (LookupError, ValueError):
+        return None
+    return {"weights": m.weights, "gradients": m.gradients, "optimizer": m.optimizer,
+            "activations": m.activations, "logits": m.logits, "transient": m.transient,
+            "allowance": m.allowance, "total": m.total,
+            "model_state": m.weights + m.gradients + m.optimizer}
+
+
+def built_model_state(info: dict) -> int:
+    """Bytes of model state a built rank holds at its peak as the engine runs it: the
+    sharded master weights, gradients and Adam moments, plus (under PP) the gathered
+    weights and unsharded gradients a stage keeps all step."""
+    return info["state_bytes"] + info["pp_step_bytes"]
+
+
+def gap_pct(predicted: float, measured: float) -> float | None:
+    return None if not measured else 100.0 * (predicted - measured) / measured
+
+
+def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None) -> dict:
+    """Build each rank and put predict's figure for its pipeline rank beside it."""
+    from .build import check_ranks
+    results = check_ranks(plan, ranks, progress=progress)
+    for info in results:
+        if info.get("error"):
+            continue
+        pred = predicted_for_rank(plan, info["pp"], config)
+        info["predicted"] = pred
+        built = built_model_state(info)
+        info["built_model_state_bytes"] = built
+        info["model_state_gap_pct"] = (None if pred is None
+                                       else gap_pct(pred["model_state"], built))
+    return {"workload": plan.workload, "size": plan.size, "dtype": plan.dtype,
+            "gpus": plan.gpus, "gpu_type": plan.gpu_type, "layout": plan.layout.describe(),
+            "ranks": results}
+
+
+def _layers_text(stages: list[dict]) -> str:
+    parts = []
+    for s in stages:
+        layers = s["layers"]
+        span = "-" if not layers else (str(layers[0]) if len(layers) == 1
+                                       else f"{layers[0]}-{layers[-1]}")
+        extras = [name for name, flag in (("emb", s["embedding"]), ("out", s["output"])) if flag]
+        parts.append(f"[{span}]" + ("+" + "+".join(extras) if extras else ""))
+    return " ".join(parts)
+
+
+def print_table(data: dict) -> None:
+    from rich.table import Table
+
+    from ..cli import console
+    table = Table(title=f"{data['workload']} {data['size']} {data['dtype']} on {data['gpus']} "
+                        f"x {data['gpu_type']}: {data['layout']} (built on meta, fake process "
+                        "group; GiB per rank)")
+    for col in ("rank", "pp dp cp tp", "layers", "params held", "stand for", "weights",
+                "grads", "Adam", "PP step", "built state", "predicted state", "gap"):
+        table.add_column(col, justify="left" if col in ("layers", "pp dp cp tp") else "right")
+    for r in data["ranks"]:
+        coords = f"{r['pp']} {r['dp']} {r['cp']} {r['tp']}"
+        if r.get("error"):
+            table.add_row(str(r["rank"]), coords, f"[red]build failed: {r['error']}[/red]",
+                          *[""] * 9)
+            continue
+        pred = r["predicted"]
+        gap = r["model_state_gap_pct"]
+        table.add_row(
+            str(r["rank"]), coords, _layers_text(r["stages"]), f"{r['params_local']:,}",
+            f"{r['params_unsharded']:,}", f"{r['param_bytes'] / GIB:.2f}",
+            f"{r['grad_bytes'] / GIB:.2f}", f"{r['optimizer_bytes'] / GIB:.2f}",
+            f"{r['pp_step_bytes'] / GIB:.2f}", f"{r['built_model_state_bytes'] / GIB:.2f}",
+            "-" if pred is None else f"{pred['model_state'] / GIB:.2f}",
+            "-" if gap is None else f"{gap:+.1f}%")
+    out = console()
+    out.print(table)
+    out.print("weights, grads, Adam: the sharded fp32 master weights, their gradients and the "
+              "two AdamW moments this rank keeps; PP step: the compute-dtype weights and fp32 "
+              "gradients a pipeline stage keeps gathered all step; predicted state: "
+              "`trainbench predict`'s weights + gradients + optimizer for the same pipeline "
+              "rank (--sharding engine).", highlight=False)
+
+
+def register(app) -> None:
+    """Add `trainbench check` to the Typer app."""
+
+    @app.command("check")
+    def check(
+        workload: str = typer.Option(..., "-w", "--workload",
+                                     help="Workload key, e.g. pretrain_llama3.1."),
+        size: str = typer.Option(..., "-s", "--size", envvar="MODEL_SIZE",
+                                 help="Model size, e.g. 405b."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
+                                            help="bf16, fp8 or fp32; default as `predict`."),
+        scale: int = typer.Option(..., "--scale", envvar="JOB_TOTAL_GPUS",
+                                  help="Number of ranks of the plan (GPUs)."),
+        gpu: str = typer.Option("h100", "--gpu", help="GPU type the plan is for (default h100)."),
+        sets: Optional[List[str]] = typer.Option(
+            None, "--set", help="Override plan fields, e.g. --set 'tp=4 pp=2'."),
+        ranks_text: Optional[str] = typer.Option(
+            None, "--ranks", help="Ranks to build: 0,7,64-71 or all; default the first and "
+                                  "last rank of every pipeline stage."),
+        fmt: str = typer.Option("table", "--format", help="table or json."),
+    ):
+        """Build chosen ranks of a plan at its real size under a fake process group (no
+        GPU, nothing allocated) and report what each holds, beside predict's figure."""
+        import json
+
+        from ..cli import fail
+        from ..config import load_config
+        from ..plan import PlanError, build_plan, parse_overrides
+
+        if fmt not in FORMATS:
+            fail(f"unknown --format {fmt!r}; use table or json")
+        if scale < 1:
+            fail("--scale must be at least 1")
+        if gpu.lower() == "cpu":
+            fail("check builds a GPU plan's ranks without GPUs; give --gpu h100 (or another "
+                 "GPU type), not cpu")
+        try:
+            config = load_config()
+        except ValueError as err:
+            fail(str(err))
+        if dtype is None:
+            from ..default_dtype import default_dtype_for
+            dtype, _ = default_dtype_for(workload, size, gpu)
+        try:
+            overrides = parse_overrides(sets or [])
+            plan = build_plan(workload, size, dtype, scale, gpu, overrides=overrides)
+        except PlanError as err:
+            fail("; ".join(err.problems))
+        try:
+            ranks = (parse_ranks(ranks_text, plan.gpus) if ranks_text is not None
+                     else default_ranks(plan))
+        except ValueError as err:
+            fail(str(err))
+
+        def progress(info: dict) -> None:
+            if fmt == "table":
+                state = f"failed: {info['error']}" if info.get("error") else "built"
+                typer.echo(f"rank {info['rank']}: {state} ({info['build_s']:.1f} s)", err=True)
+
+        data = check_plan(plan, ranks, config=config, progress=progress)
+        if fmt == "json":
+            typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        else:
+            print_table(data)
+        if any(r.get("error") for r in data["ranks"]):
+            raise typer.Exit(1)
