@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--root", type=Path, default=Path("/tmp/trainbench-gpu-smoke"))
     args = parser.parse_args()
-    from trainbench.launch.run_cli import gpu_names
+    from trainbench.launch.request import gpu_names
     n = len(gpu_names())
     if n == 0:
         sys.exit("gpu_smoke: no NVIDIA GPU here (nvidia-smi finds none)")

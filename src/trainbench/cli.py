@@ -319,17 +319,18 @@ def main() -> None:
         typer.echo("trainbench: interrupted", err=True)
         sys.exit(130)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is a usage error
-        if any(isinstance(err, k.NoArgsIsHelpError) for k in kinds
-               if hasattr(k, "NoArgsIsHelpError")):
+        def raised(name: str) -> bool:  # not every copy of click defines every class
+            return any(isinstance(err, getattr(k, name)) for k in kinds if hasattr(k, name))
+        if raised("NoArgsIsHelpError"):
             typer.echo(err.ctx.get_help())
             sys.exit(2)
-        if any(isinstance(err, k.UsageError) for k in kinds):
+        if raised("UsageError"):
             typer.echo(f"trainbench: error: {usage_error_line(err)}", err=True)
             sys.exit(2)
-        if any(isinstance(err, k.Abort) for k in kinds):
+        if raised("Abort"):
             typer.echo("trainbench: interrupted", err=True)
             sys.exit(130)
-        if any(isinstance(err, k.ClickException) for k in kinds):
+        if raised("ClickException"):
             typer.echo(f"trainbench: error: {' '.join(err.format_message().split())}", err=True)
             sys.exit(err.exit_code)
         raise

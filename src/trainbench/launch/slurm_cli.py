@@ -258,7 +258,7 @@ def bulk_command(
         fail(f"unknown executor {executor!r}; use local or slurm")
     local_gpu = None
     if executor == "local":
-        from .run_cli import detect_gpu_type
+        from .request import detect_gpu_type
         local_gpu = detect_gpu_type()[0] or None
     try:
         tasks = bulk.expand(data, cluster, executor, local_gpu)
