@@ -17,6 +17,9 @@ from .catalog import hardware, recipes
 from .catalog.models import ModelSpec, get_model
 
 DTYPES = ("bf16", "fp8", "fp32")
+FP8_RECIPES = ("tensorwise", "rowwise")
+"""torchao float8 scaling for --dtype fp8 (engine/parallel/float8.py); tensorwise first,
+the default: NeMo's FP8 "current scaling"."""
 
 
 class PlanError(ValueError):
@@ -101,6 +104,8 @@ class Plan:
     recompute: str = "none"
     """Activation recomputation: 'none', 'selective' or 'full'."""
     compile: bool = False
+    fp8_recipe: str = FP8_RECIPES[0]
+    """FP8 scaling of an fp8 run: 'tensorwise' or 'rowwise' (`--set fp8_recipe=rowwise`)."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment for the ranks (`--env K=V`)."""
     recipe_source: str = ""
@@ -177,7 +182,7 @@ LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "dp", "vp", "dp_shard")
 INT_KEYS = LAYOUT_KEYS + ("mbs", "gbs", "seq_len", "layers", "steps", "warmup_steps", "seed",
                           "gpus_per_node")
 FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
-CHOICE_KEYS = {"recompute": ("none", "selective", "full")}
+CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES}
 BOOL_KEYS = ("compile",)
 SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS
 # Bounds that keep a typo (an extra zero or three) from becoming a run that never ends or
@@ -441,11 +446,15 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
                  "(sequence parallel splits each context shard over TP)")
     if lay.pp > 1 and plan.gbs % (plan.mbs * lay.dp) == 0:
         p.extend(pipeline_schedule_problems(plan.ga, lay.pp, lay.vp))
-    if plan.dtype == "fp8":
-        if plan.gpu_type == hardware.CPU:
-            p.append("fp8 needs a GPU with FP8 tensor cores (H100 or newer); use --dtype bf16 on a CPU")
-        elif gpu is not None and gpu.peak("fp8") is None:
-            p.append(f"{gpu.name} has no FP8 tensor cores; use --dtype bf16")
+    # A CPU runs FP8 as an emulation (torch._scaled_mm in software): the numerics of the
+    # GPU path, checked in tests, with no performance meaning (no MFU).
+    if plan.dtype == "fp8" and gpu is not None and gpu.peak("fp8") is None:
+        p.append(f"{gpu.name} has no FP8 tensor cores; use --dtype bf16")
+    if plan.fp8_recipe not in FP8_RECIPES:
+        p.append(f"fp8_recipe {plan.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)}")
+    elif plan.fp8_recipe != FP8_RECIPES[0] and plan.dtype != "fp8":
+        p.append(f"--set fp8_recipe={plan.fp8_recipe} applies only to --dtype fp8 "
+                 f"(this run is {plan.dtype}); add --dtype fp8 or drop it")
     if lay.world_size > plan.gpus_per_node and lay.world_size % plan.gpus_per_node:
         p.append(f"{lay.world_size} ranks do not fill whole nodes of {plan.gpus_per_node}")
     f = plan.features

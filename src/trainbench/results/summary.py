@@ -473,6 +473,9 @@ def _comparability(result: ExperimentResult, facts: _RunFacts) -> None:
 
 def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str | None]:
     run = facts.run or {}
+    if run.get("mfu_not_applicable"):  # CPU FP8: an emulation, no peak to compare with
+        result.notes.append(run["mfu_not_applicable"])
+        return None, "not applicable (CPU FP8 emulation: correctness only)"
     if run.get("peak_tflops"):
         return float(run["peak_tflops"]), run.get("peak_source") or "run.json"
     if facts.plan is not None:
@@ -523,9 +526,9 @@ def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: s
         f = fl.flops_per_sequence(spec, result.seq_len, convention)
         result.tflops_per_gpu = metrics.tflops_per_gpu(result.gbs, f, t, result.gpus)
         result.tflops_source = f"computed ({convention})"
+        result.mfu_convention = convention
         if peak:
             result.mfu_pct = 100 * metrics.mfu(result.gbs, f, t, result.gpus, peak)
-            result.mfu_convention = convention
     elif result.log_tflops_per_gpu is not None:
         result.tflops_per_gpu = result.log_tflops_per_gpu
         result.tflops_source = "log"

@@ -32,32 +32,20 @@ def apply_compile(model: nn.Module) -> None:
         model.layers[key] = torch.compile(block, fullgraph=False)
 
 
-def apply_fp8(model: nn.Module) -> None:
-    """torchao float8 training for every Linear except the output head (as torchtitan)."""
-    try:
-        from torchao.float8 import convert_to_float8_training
-    except ImportError:
-        raise RuntimeError("--dtype fp8 needs torchao: pip install 'trainbench[fp8]'") from None
-
-    def eligible(module: nn.Module, fqn: str) -> bool:
-        # FP8 GEMMs need both dimensions divisible by 16.
-        return (isinstance(module, nn.Linear) and fqn != "output"
-                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
-
-    convert_to_float8_training(model, module_filter_fn=eligible)
-
-
 def single_rank_without_fsdp(plan: Plan) -> bool:
     """A one-rank run has nothing to shard: FSDP's per-block hooks would cost about a third
     of a small model's step for nothing, so the trainer runs the plain module under
-    autocast instead. (FP8 keeps FSDP: torchao's float8 path is tested with it.)"""
+    autocast instead. (FP8 keeps FSDP: its bf16 compute comes from FSDP's mixed-precision
+    policy on every layout, one rank included, so one FP8 process is the reference the
+    parallel FP8 layouts are compared with.)"""
     return plan.gpus == 1 and plan.dtype != "fp8"
 
 
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
                 compute_dtype: torch.dtype) -> nn.Module:
     if plan.dtype == "fp8":
-        apply_fp8(model)
+        from . import float8
+        float8.convert(model, plan, dist.get_backend() if dist.is_initialized() else "gloo")
     if dims.tp_enabled:
         from .tp import apply_tensor_parallel
         apply_tensor_parallel(model, dims["tp"], plan)

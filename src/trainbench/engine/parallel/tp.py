@@ -94,15 +94,19 @@ class MambaMixerParallel(ParallelStyle):
     holds the same tensors in the same order.
     """
 
+    def __init__(self, plan: Plan | None = None):
+        super().__init__()
+        self.plan = plan
+
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         tp = device_mesh.size()
         if module.n_groups % tp or module.n_heads % tp:
             raise ValueError(f"Mamba heads {module.n_heads} and groups {module.n_groups} "
                              f"must be divisible by TP={tp}")
-        parallelize_module(module, device_mesh, {
-            "in_proj": ColwiseParallel(),
-            "out_proj": RowwiseParallel(output_layouts=Shard(1)),
-        })
+        styles = {"in_proj": ColwiseParallel(), "out_proj": RowwiseParallel(output_layouts=Shard(1))}
+        if self.plan is not None:
+            styles = with_float8_styles(module, styles, self.plan)
+        parallelize_module(module, device_mesh, styles)
         _gather_input()._apply(module, device_mesh)
         for name in ("conv1d.weight", "conv1d.bias", "ssm.dt_bias", "ssm.A_log", "ssm.D",
                      "norm_weight"):
@@ -120,23 +124,23 @@ class MambaMixerParallel(ParallelStyle):
         return module
 
 
-def nemotronh_plan(model: nn.Module) -> dict[str, ParallelStyle]:
+def nemotronh_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, ParallelStyle]:
     """Nemotron-H: each block's norm sequence-parallel, its mixer split by its kind."""
-    plan: dict[str, ParallelStyle] = dict(EDGE_PLAN)
+    styles: dict[str, ParallelStyle] = dict(EDGE_PLAN)
     for key, block in model.layers.items():
-        plan[f"layers.{key}.norm"] = SequenceParallel()
+        styles[f"layers.{key}.norm"] = SequenceParallel()
         if block.kind == "M":
-            plan[f"layers.{key}.mixer"] = MambaMixerParallel()
+            styles[f"layers.{key}.mixer"] = MambaMixerParallel(plan)
         elif block.kind == "*":
-            plan.update(_attention_styles(f"layers.{key}.mixer"))
+            styles.update(_attention_styles(f"layers.{key}.mixer"))
         else:
-            plan.update(_mlp_styles(f"layers.{key}.mixer"))
-    return plan
+            styles.update(_mlp_styles(f"layers.{key}.mixer"))
+    return styles
 
 
-PLANS: dict[str, Callable[[nn.Module], dict[str, ParallelStyle]]] = {
-    "llama": lambda model: TRANSFORMER_PLAN,
-    "nemotron4": lambda model: TRANSFORMER_PLAN,
+PLANS: dict[str, Callable[[nn.Module, Plan | None], dict[str, ParallelStyle]]] = {
+    "llama": lambda model, plan: TRANSFORMER_PLAN,
+    "nemotron4": lambda model, plan: TRANSFORMER_PLAN,
     "nemotronh": nemotronh_plan,
 }
 """Family -> its tensor-parallel plan. A new family adds one entry."""
@@ -163,4 +167,19 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> 
     if family not in PLANS:
         raise ValueError(f"no tensor-parallel plan for model family {family!r}; "
                          f"families with one: {', '.join(PLANS)}")
-    parallelize_module(model, tp_mesh, resolve_plan(model, PLANS[family](model)))
+    styles = resolve_plan(model, PLANS[family](model, plan))
+    parallelize_module(model, tp_mesh, with_float8_styles(model, styles, plan))
+
+
+def with_float8_styles(model: nn.Module, styles: dict[str, ParallelStyle],
+                       plan: Plan) -> dict[str, ParallelStyle]:
+    """Module name -> style, with torchao's Float8 TP styles for the layers FP8 converted
+    (parallel/float8.py); the same dict when the run is not FP8."""
+    if plan.dtype != "fp8":
+        return styles
+    import torch.distributed as dist
+
+    from .float8 import tp_style
+    backend = dist.get_backend() if dist.is_initialized() else "gloo"
+    return {name: tp_style(style, model.get_submodule(name), plan, backend)
+            for name, style in styles.items()}
