@@ -1,0 +1,197 @@
+"""FP8 (torchao float8 training) on a CPU: the GPU's code path, checked for numerics.
+
+On a CPU torch._scaled_mm runs the FP8 GEMMs in software, so these runs check what FP8
+does to training (casts, scales, saturation; the FP8 layers and the ones kept in bf16;
+TP, PP, CP and FSDP around Float8Linear) and nothing about speed. Real gloo ranks
+through the CLI, as tests/test_parallel_parity.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import losses, read_metrics, run_cli, train
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchao.float8")
+
+from torch import nn  # noqa: E402
+
+from trainbench.plan import PlanError, build_plan, parse_overrides  # noqa: E402
+
+FAMILIES = ["pretrain_llama3.1", "pretrain_llama2", "pretrain_nemotron4", "pretrain_nemotronh"]
+
+# FP8 vs bf16 of the same one-rank plan over 50 steps of the learnable task. Measured on a
+# 2-core AMD EPYC, torch 2.13.0 CPU, torchao 0.18.0 (largest |fp8 - bf16| / bf16 loss
+# over the 50 steps): Llama 3.1 0.7%, Llama 2 0.7%, Nemotron-4 1.0%, Nemotron-H 1.0%.
+# FP8's quantisation noise is a different trajectory, not a failure to learn, so the
+# bound sits just above the largest measured deviation.
+FP8_VS_BF16_RTOL = 0.02
+# A parallel FP8 layout vs one FP8 process, 3 steps. Tensorwise scales are amaxes over
+# the whole tensor (torchao all-reduces them over TP shards), so layouts differ only in
+# the order of sums, which FP8's rounding can amplify by a step of the e4m3 grid on a
+# few elements. Largest measured relative deviation: 3e-5 (losses) and 2e-4 (grad norms).
+FP8_PARITY_RTOL = 1e-3
+
+# The tiny versions of the seed layouts (README, "Model parallelism") per family.
+SEED_LAYOUTS = [
+    ("pretrain_llama3.1", 4, "cp=2 dp=2"),                   # Llama 3.1 8B: CP2 x DP
+    ("pretrain_llama3.1", 8, "tp=2 pp=2 cp=2 vp=2"),         # 70B BF16 / 405B: TP PP CP VP
+    ("pretrain_llama3.1", 4, "tp=2 pp=2 vp=2"),              # 70B FP8: TP4 PP8 VP5
+    ("pretrain_llama2", 4, "dp=4"),                          # Llama 2 70B: FSDP
+    ("pretrain_nemotron4", 4, "tp=2 dp=2"),                  # Nemotron-4 15B: TP2 x DP
+    ("pretrain_nemotron4", 8, "tp=2 pp=2 dp=2"),             # Nemotron-4 340B: TP PP DP
+    ("pretrain_nemotronh", 4, "tp=2 dp=2"),                  # Nemotron-H 56B: TP8 x DP
+]
+
+
+def fp8_plan(workload="pretrain_llama3.1", scale=1, gpu="cpu", sets=(), dtype="fp8"):
+    return build_plan(workload, "tiny", dtype, scale, gpu, overrides=parse_overrides(list(sets)))
+
+
+# --- planning ----------------------------------------------------------------------------
+
+def test_fp8_is_planned_on_a_cpu_with_tensorwise_scaling_by_default():
+    plan = fp8_plan()
+    assert plan.dtype == "fp8" and plan.device == "cpu"
+    assert plan.fp8_recipe == "tensorwise"
+
+
+def test_rowwise_recipe_is_a_validated_choice():
+    assert fp8_plan(sets=["fp8_recipe=rowwise"]).fp8_recipe == "rowwise"
+    with pytest.raises(PlanError, match="fp8_recipe=delayed: must be one of tensorwise, rowwise"):
+        fp8_plan(sets=["fp8_recipe=delayed"])
+    with pytest.raises(PlanError, match="applies only to --dtype fp8"):
+        fp8_plan(sets=["fp8_recipe=rowwise"], dtype="bf16")
+
+
+def test_a_gpu_without_fp8_is_refused_in_one_line(tmp_path):
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--dtype", "fp8",
+                  "--scale", "1", "--gpu", "a100", "--dry-run", root=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "trainbench: error: A100 SXM 80GB has no FP8 tensor cores; use --dtype bf16"]
+    assert not (tmp_path / "experiments").exists()
+
+
+# --- which layers run in FP8, and how they communicate -------------------------------------
+
+def test_fp8_filter_keeps_the_head_and_dims_that_are_not_multiples_of_16():
+    from trainbench.engine.parallel.float8 import eligible
+    assert eligible(nn.Linear(64, 192), "layers.0.mlp.w1")
+    assert not eligible(nn.Linear(64, 512), "output")           # the head stays bf16
+    assert not eligible(nn.Linear(64, 328), "layers.0.mixer.in_proj")  # 328 % 16 = 8
+    # Under TP the split dimension must stay a multiple of 16 on every rank.
+    assert eligible(nn.Linear(64, 32), "layers.0.attention.wk", tp=1)
+    assert not eligible(nn.Linear(64, 16), "layers.0.attention.wk", tp=2)
+
+
+def test_float8_collectives_only_where_nccl_carries_them():
+    """FSDP's float8 all-gather and torchao's Float8 TP styles move FP8 tensors through
+    collectives: on with NCCL for tensorwise scaling, off on gloo and for rowwise."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel,
+                                                       Float8RowwiseParallel)
+
+    from trainbench.engine.parallel import float8
+    tensorwise, rowwise = fp8_plan(), fp8_plan(sets=["fp8_recipe=rowwise"])
+    assert float8.float8_config(tensorwise, "nccl").enable_fsdp_float8_all_gather
+    assert not float8.float8_config(tensorwise, "gloo").enable_fsdp_float8_all_gather
+    assert not float8.float8_config(rowwise, "nccl").enable_fsdp_float8_all_gather
+
+    model = nn.Sequential(nn.Linear(64, 64))
+    float8.convert(model, tensorwise, "gloo")
+    layer = model[0]
+    assert float8.is_float8_linear(layer)
+    col = float8.tp_style(ColwiseParallel(), layer, tensorwise, "nccl")
+    row = float8.tp_style(RowwiseParallel(output_layouts=torch.distributed.tensor.Shard(1)),
+                          layer, tensorwise, "nccl")
+    assert type(col) is Float8ColwiseParallel and type(row) is Float8RowwiseParallel
+    assert row.output_layouts == (torch.distributed.tensor.Shard(1),)
+    assert type(float8.tp_style(ColwiseParallel(), layer, tensorwise, "gloo")) is ColwiseParallel
+    assert type(float8.tp_style(ColwiseParallel(), layer, rowwise, "nccl")) is ColwiseParallel
+    plain = nn.Linear(64, 64)  # a layer kept in bf16 keeps its style on NCCL too
+    assert type(float8.tp_style(ColwiseParallel(), plain, tensorwise, "nccl")) is ColwiseParallel
+
+
+# --- real runs ---------------------------------------------------------------------------
+
+@pytest.mark.dist
+def test_one_rank_fp8_run_records_its_recipe_and_has_no_mfu(tmp_path):
+    exp = train(tmp_path, "pretrain_llama3.1", 1, dtype="fp8", steps=3)
+    run = json.loads((exp / "run.json").read_text())
+    fp8 = run["fp8"]
+    assert fp8["recipe"] == "tensorwise"
+    assert fp8["fsdp_float8_all_gather"] is False
+    assert fp8["emulated"] is True
+    # 4 blocks x (q, k, v, out, w1, w2, w3) in FP8; only the output head in bf16.
+    assert fp8["float8_linears"] == 4 * 7
+    assert fp8["kept_in_bf16"] == ["output"]
+    assert run["peak_tflops"] is None
+    assert "emulation" in run["mfu_not_applicable"]
+    log = next(exp.glob("log-*.out")).read_text()
+    assert "MFU not applicable: FP8 on a CPU is an emulation" in log
+    res = run_cli("results", str(exp), "--format", "json", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads(res.stdout)["experiments"]
+    assert row["mfu_pct"] is None and row["mfu_problem"] is None
+    assert any("emulation" in note for note in row["notes"])
+
+
+@pytest.fixture(scope="module")
+def fifty_steps(tmp_path_factory):
+    """(workload, dtype) -> the one-rank run's metrics over 50 steps, computed once."""
+    root = tmp_path_factory.mktemp("fifty")
+    cache: dict[tuple[str, str], list[dict]] = {}
+
+    def get(workload: str, dtype: str) -> list[dict]:
+        if (workload, dtype) not in cache:
+            cache[workload, dtype] = read_metrics(train(root, workload, 1, dtype=dtype,
+                                                        steps=50))
+        return cache[workload, dtype]
+    return get
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", FAMILIES)
+def test_fp8_tracks_bf16_over_fifty_steps(fifty_steps, workload):
+    fp8 = [r["loss"] for r in fifty_steps(workload, "fp8")]
+    bf16 = [r["loss"] for r in fifty_steps(workload, "bf16")]
+    assert len(fp8) == len(bf16) == 50
+    deviation = max(abs(a - b) / b for a, b in zip(fp8, bf16))
+    assert deviation <= FP8_VS_BF16_RTOL, f"{workload}: fp8 deviates {deviation:.2%} from bf16"
+    # FP8 really ran (its rounding changes the trajectory) and the task is learned.
+    assert fp8 != bf16
+    assert sum(fp8[-5:]) / 5 < fp8[0] - 1.0
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+@pytest.mark.parametrize("workload,scale,layout", SEED_LAYOUTS,
+                         ids=[f"{w}-{l.replace(' ', '-')}" for w, _, l in SEED_LAYOUTS])
+def test_fp8_seed_layout_matches_one_fp8_process(tmp_path, fifty_steps, workload, scale,
+                                                  layout):
+    exp = train(tmp_path, workload, scale, "--set", layout, dtype="fp8", steps=3)
+    reference = fifty_steps(workload, "fp8")[:3]  # warm-up LR: the first 3 steps of 50
+    assert losses(exp) == pytest.approx([r["loss"] for r in reference], rel=FP8_PARITY_RTOL)
+    assert [r["grad_norm"] for r in read_metrics(exp)] == pytest.approx(
+        [r["grad_norm"] for r in reference], rel=FP8_PARITY_RTOL)
+    run = json.loads((exp / "run.json").read_text())
+    assert run["world_size"] == scale
+    assert run["fp8"]["recipe"] == "tensorwise" and run["fp8"]["float8_linears"] > 0
+    assert run["fp8"]["fsdp_float8_all_gather"] is False  # gloo
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_rowwise_recipe_trains_under_tensor_parallel_like_one_process(tmp_path):
+    one = train(tmp_path, "pretrain_llama3.1", 1, "--set", "fp8_recipe=rowwise",
+                dtype="fp8", steps=3)
+    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2 fp8_recipe=rowwise",
+               dtype="fp8", steps=3)
+    assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_RTOL)
+    for exp in (one, tp):
+        assert json.loads((exp / "run.json").read_text())["fp8"]["recipe"] == "rowwise"
