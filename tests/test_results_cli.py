@@ -49,7 +49,7 @@ def test_one_consistent_json_table(tree):
     assert sorted(map(str, rows)) == ["None", "maxtext", "nemo1", "nemo2", "trainbench"]
     assert len({tuple(r) for r in data["experiments"]}) == 1  # every row has the same keys
     assert data["summary"] == {"experiments": 5, "success": 4, "incomplete": 0, "failed": 1,
-                               "invalid": 0, "success_rate_pct": 80.0}
+                               "invalid": 0, "unrecognised": 0, "success_rate_pct": 80.0}
     assert rows["trainbench"]["peak_source"] == "measured GEMM"
     assert rows["nemo2"]["verdict"] == "within 5%"
     assert rows["maxtext"]["workload"] == "pretrain_llama2"
@@ -69,7 +69,8 @@ def test_rich_table_and_summary_line(tree):
     assert "sbatch_" not in out  # a batch script's output is not an experiment
     assert ("5 experiment(s): 4 Success, 0 Incomplete, 1 Failed, 0 Invalid; success rate 80% "
             "(4/5); MFU convention: published") in out
-    assert "Failed: no training step was logged: srun: error: node007" in out
+    assert ("Failed (CUDA out of memory): no training step was logged: "
+            "torch.OutOfMemoryError: CUDA out of memory.") in out
 
 
 def test_csv_matches_json_and_sorting(tree):

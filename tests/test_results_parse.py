@@ -10,7 +10,7 @@ import pytest
 
 from trainbench.engine.log import StepMetrics, format_step_line
 from trainbench.results.parse import (
-    find_last_error, parse_maxtext_line, parse_megatron_line, parse_nemo1_segment,
+    find_failure, find_last_error, parse_maxtext_line, parse_megatron_line, parse_nemo1_segment,
     parse_nemo2_line, read_metrics_jsonl, scan_log,
 )
 
@@ -260,8 +260,12 @@ def test_metrics_jsonl_with_nan_and_truncated_last_line(tmp_path):
 
 # --- the last error line --------------------------------------------------------------------
 
-def test_last_error_of_the_failed_fixture():
-    assert find_last_error(NEMO2_FAILED) == "srun: error: node007: task 3: Exited with exit code 1"
+def test_failure_of_the_failed_fixture_is_its_out_of_memory_line():
+    """The OOM that caused the failure, not the `srun: error:` line that followed it."""
+    cls, line = find_failure(NEMO2_FAILED)
+    assert cls == "CUDA out of memory"
+    assert line.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50")
+    assert find_last_error(NEMO2_FAILED) == line
 
 
 def test_exception_line_preferred_over_traceback_header(tmp_path):

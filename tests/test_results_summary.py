@@ -172,10 +172,13 @@ def test_bad_options_are_value_errors(tmp_path):
 def test_failed_and_incomplete_fixtures():
     failed = summarize_experiment(next(LOGS.glob("nemo2/experiments/pretrain_llama3.1_70b*/*/*/log-*")))
     assert failed.status == FAILED and failed.verdict == "failed"
-    assert failed.last_error == "srun: error: node007: task 3: Exited with exit code 1"
+    assert failed.failure_class == "CUDA out of memory"
+    assert failed.last_error.startswith("torch.OutOfMemoryError: CUDA out of memory.")
     inc = summarize_experiment(next(LOGS.glob("nemo2/experiments/pretrain_nemotronh*/*/log-*")))
     assert inc.status == INCOMPLETE and inc.status_detail.startswith("stopped at iteration 37 of 0..49")
-    assert "NCCL communicator was aborted" in inc.last_error
+    # The watchdog timeout, not the `NCCL communicator was aborted` it led to.
+    assert "Watchdog caught collective operation timeout" in inc.last_error
+    assert inc.failure_class == "NCCL timeout"
     assert inc.verdict.endswith("(incomplete run)")
     assert inc.window_count == 27  # iterations 11..37
 

@@ -132,7 +132,8 @@ def register(app) -> None:
         """Status, step times, throughput and MFU of runs, against the references.
 
         Every experiment under the given paths: trainbench runs and logs of NeMo 1/2,
-        Megatron-LM/Bridge and MaxText, one row each, with a summary line."""
+        Megatron-LM/Bridge, Megatron-DeepSpeed, MaxText and torchtitan, one row each, with
+        a summary line; a log in another format is listed as Unrecognised."""
         from ..cli import console, fail
         from . import report
         if fmt not in report.FORMATS:

@@ -1,12 +1,22 @@
-"""Read training logs into step records: trainbench (log and metrics.jsonl), NeMo 2,
-NeMo 1 progress bars, Megatron-LM / Megatron-Bridge and MaxText. Pure Python, no torch.
+"""Read training logs into step records. Pure Python, no torch.
+
+Each log format is one small entry of a registry (`LogFormat` subclasses decorated with
+`@register`): the byte markers of the lines it reads, a `read` method that turns one such
+line into a step record or a fact, and, when it needs one, a `finish` step. The scanner
+knows no format: it streams the file, finds marker hits, cuts the lines around them,
+removes rank prefixes and hands each line to the formats whose markers it holds.
 
 Logs with an NCCL trace reach several GB, almost all of it `NCCL INFO` lines, so a file
-is read in large binary chunks and searched with `bytes.find` for a few marker strings;
-only the lines around a hit are decoded and parsed. Once the first step line names the
-format, only that format's markers are searched. Iterations are 0-based everywhere
-(NeMo's `iteration 49/49` is the 50th step; Megatron's 1-based `iteration 50/50` is
-stored as 49).
+is read in large binary chunks and searched with `bytes.find` for the markers; only the
+lines around a hit are decoded. Until the first step line names the format every
+format's markers are searched (and the facts lines: argument dumps, config echoes,
+profiler banners, which a run prints before its first step); after it, only that format's
+step markers, plus one pass over the file's tail for profiler lines written at the end.
+Iterations are 0-based everywhere (NeMo's `iteration 49/49` is the 50th step;
+Megatron's 1-based `iteration 50/50` is stored as 49).
+
+Adding a format: subclass LogFormat, give it a name, a title, its markers and a `read`,
+decorate it with @register; nothing else changes.
 """
 
 from __future__ import annotations
@@ -15,14 +25,19 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
 from pathlib import Path
 
 CHUNK_SIZE = 16 * 2**20
 # A line longer than this with no newline (a runaway progress bar) is cut here rather
 # than held in memory whole.
 MAX_LINE = 64 * 2**20
-
-FORMATS = ("trainbench", "nemo2", "nemo1", "megatron", "maxtext")
+# A run prints its settings (and its profiler its banner) before training: facts are
+# looked for in the first bytes only, so a multi-GB NCCL trace is searched for step lines
+# alone. Profilers announce their output files when the run ends (nsys's `Generated
+# ...nsys-rep`): the last bytes are searched for them too.
+HEAD_BYTES = 4 * 2**20
+TAIL_BYTES = 8 * 2**20
 
 
 @dataclass
@@ -54,6 +69,21 @@ class StepRecord:
                 return name
         return None
 
+    def merge(self, later: "StepRecord") -> None:
+        """Fold in another print of the same step (another rank, a redraw, a second line):
+        its values win, except that the peak memory is the largest any rank reports and a
+        NaN or infinite loss or gradient norm on any rank is kept."""
+        for f in fields(self):
+            new, old = getattr(later, f.name), getattr(self, f.name)
+            if new is None or f.name == "iteration":
+                continue
+            if old is not None and f.name in ("peak_memory_bytes", "memory_allocated_bytes"):
+                new = max(old, new)
+            elif (old is not None and f.name in ("loss", "grad_norm")
+                  and not math.isfinite(old)):
+                new = old
+            setattr(self, f.name, new)
+
 
 @dataclass
 class LogScan:
@@ -61,12 +91,26 @@ class LogScan:
 
     path: Path
     format: str | None = None
-    """One of FORMATS, or None when no step line was found."""
+    """A registered format's name (or 'trainbench' for metrics.jsonl); None when no step
+    line was found."""
     records: list[StepRecord] = field(default_factory=list)
-    """Step records with a step time, sorted by iteration, one per iteration (the last
-    printed wins, so a progress bar redrawn or a rank printing twice counts once)."""
+    """Step records with a step time, sorted by iteration, one per iteration (every print
+    of one step merged: a redrawn progress bar or eight ranks printing count once)."""
     config: dict[str, str] = field(default_factory=dict)
-    """Run settings the log prints (MaxText's `Config param steps: 50`)."""
+    """Run settings as the log prints them (MaxText's `Config param steps: 50`)."""
+    facts: dict[str, int | str] = field(default_factory=dict)
+    """What the log states about the run, normalised: world_size, seq_len, gbs, tp, pp,
+    cp, ep, total_iterations, dtype. The user's options override them."""
+    families: set[str] = field(default_factory=set)
+    """Formats whose banner lines appeared (a NeMo run that crashed before its first step
+    is still a NeMo log, not an unknown one)."""
+    profiled: str | None = None
+    """The log line that shows the run was profiled (nsys, torch profiler, xprof)."""
+    notes: list[str] = field(default_factory=list)
+    """How the records were obtained where the log made it unusual."""
+    step_like_lines: int = 0
+    """Lines that look like a training step in a format no entry reads (a loss and a
+    step or iteration number): such a file is an unrecognised training log."""
     peak_memory_bytes: int | None = None
     """A peak printed outside the step lines (Megatron's `memory (MB)` report)."""
     bytes_read: int = 0
@@ -78,62 +122,54 @@ class LogScan:
         for rec in reversed(self.records):
             if rec.total_iterations:
                 return rec.total_iterations
-        steps = self.config.get("steps")
-        return int(steps) if steps and steps.isdigit() else None
+        total = self.facts.get("total_iterations")
+        return int(total) if isinstance(total, int) and total > 0 else None
+
+    @property
+    def recognised(self) -> bool:
+        """A format trainbench reads, even if no step line made it through."""
+        return self.format is not None or bool(self.families)
 
 
 # --- numbers and key/value pairs ---------------------------------------------------------
 
-_NUM = r"[-+]?(?:nan|inf(?:inity)?|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+# NeMo 1 progress bars print a NaN as `nan.0`; the `.0` belongs to the number.
+_NUM = (r"[-+]?(?:nan(?:\.0*)?|inf(?:inity)?(?:\.0*)?|"
+        r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)")
 # `key: value` (NeMo 2, Megatron, MaxText) or `key=value` (NeMo 1 progress bars). Keys
 # may hold spaces, parentheses and slashes: `elapsed time per iteration (ms): 20289.1`.
 _KV = re.compile(r"([A-Za-z_][\w ()/.\-]*?)\s*[:=]\s*(" + _NUM + r")(?![\w.])", re.I)
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)")
-_PROGRESS = re.compile(r"(\d+)/(\d+|\?)\s*\[")
-_MAXTEXT_STEP = re.compile(r"completed step:\s*(\d+)")
-_TFLOPS_AFTER_UNIT = re.compile(r"TFLOP/s/GPU\)?\s*:\s*(" + _NUM + ")", re.I)
-_TFLOPS_BEFORE_UNIT = re.compile(r"(\d+(?:\.\d*)?)\s*(?:MODEL_)?TFLOP/s/GPU")
-_BRIDGE_STEP_TIME = re.compile(r"Step Time\s*:\s*(\d+(?:\.\d*)?)\s*s")
-_MAXTEXT_CONFIG = re.compile(r"Config param (\w+): (\S+)")
 
-# Normalised key -> (StepRecord field, scale). Keys are lower-cased, spaces collapsed.
-_FIELD_KEYS: dict[str, tuple[str, float]] = {
-    "train_step_timing in s": ("step_time_s", 1.0),
-    "elapsed time per iteration (ms)": ("step_time_s", 1e-3),
-    "seconds": ("step_time_s", 1.0),
-    "tflops_per_gpu": ("tflops_per_gpu", 1.0),
-    "throughput per gpu (tflop/s/gpu)": ("tflops_per_gpu", 1.0),
-    "tflop/s/device": ("tflops_per_gpu", 1.0),
-    "reduced_train_loss": ("loss", 1.0),
-    "train_loss": ("loss", 1.0),
-    "lm loss": ("loss", 1.0),
-    "loss": ("loss", 1.0),
-    "grad_norm": ("grad_norm", 1.0),
-    "grad norm": ("grad_norm", 1.0),
-    "peak_memory_usage": ("peak_memory_bytes", 1.0),
-    "max_memory_reserved": ("peak_memory_bytes", 1.0),
-    "memory_allocated": ("memory_allocated_bytes", 1.0),
-    "max_memory_allocated": ("memory_allocated_bytes", 1.0),
-    "consumed_samples": ("consumed_samples", 1.0),
-    "consumed samples": ("consumed_samples", 1.0),
-    "global_batch_size": ("global_batch_size", 1.0),
-    "global batch size": ("global_batch_size", 1.0),
-}
-_INT_FIELDS = {"peak_memory_bytes", "memory_allocated_bytes", "consumed_samples",
-               "global_batch_size"}
+
+def number(text: str) -> float:
+    """float() that also reads `nan.0` and `-inf.0`."""
+    core = text.lower().lstrip("+-")
+    if core.startswith("nan"):
+        return math.nan
+    if core.startswith("inf"):
+        return -math.inf if text.startswith("-") else math.inf
+    return float(text)
 
 
 def key_values(text: str) -> dict[str, float]:
     """Every `key: number` / `key=number` pair of a line, keys normalised."""
     out = {}
     for key, value in _KV.findall(text):
-        out[" ".join(key.lower().split())] = float(value)
+        out[" ".join(key.lower().split())] = number(value)
     return out
 
 
-def _fill(rec: StepRecord, pairs: dict[str, float]) -> None:
+_INT_FIELDS = {"peak_memory_bytes", "memory_allocated_bytes", "consumed_samples",
+               "global_batch_size"}
+
+
+def fill(rec: StepRecord, pairs: dict[str, float],
+         keys: dict[str, tuple[str, float]]) -> None:
+    """Set the record's fields from a line's pairs through a format's key table
+    (normalised key -> (StepRecord field, scale))."""
     for key, value in pairs.items():
-        target = _FIELD_KEYS.get(key)
+        target = keys.get(key)
         if target is None:
             continue
         name, scale = target
@@ -152,50 +188,297 @@ def _cut_truncated(text: str) -> str:
     return text[:cut + 1] if cut >= 0 else ""
 
 
-# --- one parser per format: text of one line (or progress-bar segment) -> record -------
+# --- rank prefixes and glued lines ---------------------------------------------------------
+
+# What launchers put before a rank's line: torchrun's `[rank3]:` and `[default7]:`, srun -l's
+# `1: `, glog's `I0811 21:54:55.531340 138304841739136 metric_logger.py:226] `.
+_PREFIX = re.compile(
+    r"^(?:\s*(?:\[(?:rank|default)\d+\]:|\d+:(?=\s)|"
+    r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+[\w.\-]+:\d+\]))*\s*")
+# Two ranks writing at once glue their lines: `...max reserved: 26880.0[Rank 1] (after ...`.
+_GLUE = re.compile(r"(?<=\S)(?=\[(?:Rank \d+\]|rank\d+\]:|default\d+\]:))")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def split_ranks(text: str) -> list[str]:
+    """A line cut into one piece per rank, each without colour codes or launcher prefix."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    return [_PREFIX.sub("", piece, count=1) for piece in _GLUE.split(text)]
+
+
+# --- facts every format may state -------------------------------------------------------
+
+PROFILER_MARKERS = (
+    b"nsys profile", b".nsys-rep", b".qdrep", b".qdstrm",        # Nsight Systems
+    b"Dumping profiler traces", b"Profiling active",             # torchtitan's torch profiler
+    b"torch.profiler", b"Profiler session started",              # torch profiler, xprof
+)
+
+
+class ScanState:
+    """What the formats write into while the scanner feeds them lines in file order."""
+
+    def __init__(self, scan: LogScan):
+        self.scan = scan
+        self.records: dict[str, dict[int, StepRecord]] = {}
+        self.detected: str | None = None
+
+    def step(self, fmt: str, rec: StepRecord | None, detect: bool = True) -> StepRecord | None:
+        """Store a record (merged with an earlier print of its step); the first one with
+        a step time names the file's format."""
+        if rec is None:
+            return None
+        records = self.records.setdefault(fmt, {})
+        old = records.get(rec.iteration)
+        if old is not None:
+            old.merge(rec)
+            rec = old
+        else:
+            records[rec.iteration] = rec
+        if detect and self.detected is None and rec.step_time_s is not None:
+            self.detected = fmt
+        return rec
+
+    def fact(self, key: str, value: int | str | None) -> None:
+        if value is not None and value != "":
+            self.scan.facts[key] = value
+
+    def profiled(self, line: str) -> None:
+        if self.scan.profiled is None:
+            self.scan.profiled = line.strip()[:200]
+
+    def peak_memory(self, value_bytes: int) -> None:
+        self.scan.peak_memory_bytes = max(self.scan.peak_memory_bytes or 0, value_bytes)
+
+
+def read_profiler_line(text: str, state: ScanState) -> None:
+    for marker in PROFILER_MARKERS:
+        if marker.decode() in text:
+            state.profiled(text)
+            return
+
+
+# --- the registry ------------------------------------------------------------------------
+
+class LogFormat:
+    """One log format. Subclass it, set the class attributes, write `read`, and decorate
+    the class with @register."""
+
+    name: str = ""
+    title: str = ""
+    """How the README and `results` name it."""
+    markers: tuple[bytes, ...] = ()
+    """Substrings of the lines `read` wants, searched through the whole file (its step
+    lines). Keep them few and long: each one is a pass over every byte."""
+    head_markers: tuple[bytes, ...] = ()
+    """Substrings of the lines `read_head` wants (facts: argument dumps, config echoes),
+    searched in the first HEAD_BYTES of the file, where a run prints its settings."""
+    banners: tuple[bytes, ...] = ()
+    """Substrings only this framework prints near the start: a log with one is this
+    framework's even if it crashed before its first step."""
+
+    def read(self, text: str, state: ScanState) -> None:
+        """Read one line (rank prefix removed) holding one of `markers`."""
+        raise NotImplementedError
+
+    def read_head(self, text: str, state: ScanState) -> None:
+        """Read one line of the file's head holding one of `head_markers`."""
+
+    def finish(self, state: ScanState) -> None:
+        """After the last line: fix what only the whole log tells."""
+
+
+REGISTRY: dict[str, LogFormat] = {}
+
+
+def register(cls: type[LogFormat]) -> type[LogFormat]:
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def formats_read() -> str:
+    """'NeMo 2, NeMo 1, ...': the formats trainbench reads, for messages."""
+    return ", ".join(["trainbench"] + [f.title for f in REGISTRY.values()])
+
+
+def _int_fact(value: str) -> int | None:
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+# NeMo's config echo (NeMo 1's Hydra YAML, NeMo 2's recipe printout): `  devices: 8`,
+# `tensor_model_parallel_size=8,`.
+_NEMO_CONFIG = {
+    "devices": "devices", "num_nodes": "num_nodes", "max_steps": "total_iterations",
+    "global_batch_size": "gbs", "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp", "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep", "encoder_seq_length": "seq_len",
+    "seq_length": "seq_len",
+}
+_NEMO_CONFIG_LINE = re.compile(r"(?:^|[\s(,])(" + "|".join(_NEMO_CONFIG) + r")\s*[:=]\s*(\d+)\b")
+
+
+def _read_nemo_config(text: str, state: ScanState) -> None:
+    for key, value in _NEMO_CONFIG_LINE.findall(text):
+        state.fact("_" + _NEMO_CONFIG[key] if key in ("devices", "num_nodes")
+                   else _NEMO_CONFIG[key], int(value))
+    facts = state.scan.facts
+    if "_devices" in facts:
+        state.fact("world_size", int(facts["_devices"]) * int(facts.get("_num_nodes", 1)))
+
+
+_NEMO_KEYS: dict[str, tuple[str, float]] = {
+    "train_step_timing in s": ("step_time_s", 1.0),
+    "tflops_per_gpu": ("tflops_per_gpu", 1.0),
+    "reduced_train_loss": ("loss", 1.0),
+    "grad_norm": ("grad_norm", 1.0),
+    "peak_memory_usage": ("peak_memory_bytes", 1.0),
+    "max_memory_reserved": ("peak_memory_bytes", 1.0),
+    "memory_allocated": ("memory_allocated_bytes", 1.0),
+    "max_memory_allocated": ("memory_allocated_bytes", 1.0),
+    "consumed_samples": ("consumed_samples", 1.0),
+    "global_batch_size": ("global_batch_size", 1.0),
+}
+_NEMO_HEAD = (b"parallel_size", b"global_batch_size", b"seq_length", b"max_steps",
+              b"num_nodes", b"devices")
+
 
 def parse_nemo2_line(text: str) -> StepRecord | None:
     """`Training epoch 0, iteration 49/49 | ... | train_step_timing in s: 12.39 | ...`
-    (also trainbench's own log line, which adds grad_norm and TFLOPS_per_GPU)."""
+    (also trainbench's own log line, which adds grad_norm and TFLOPS_per_GPU). The step
+    is the global step: `iteration` restarts every epoch, `global_step` does not."""
     pairs = key_values(text)
     match = _ITERATION.search(text)
+    step = pairs.get("global_step")
+    if step is not None and not (math.isfinite(step) and step == int(step)):
+        step = None
     if match:
         iteration, last = int(match.group(1)), int(match.group(2))
-        total = last + 1
-    elif "global_step" in pairs and math.isfinite(pairs["global_step"]):
-        iteration, total = int(pairs["global_step"]), None
+        if step is not None and int(step) != iteration:
+            rec = StepRecord(int(step))  # a later epoch: `/N` counts this epoch only
+        else:
+            rec = StepRecord(iteration, last + 1)
+    elif step is not None:
+        rec = StepRecord(int(step))
     else:
         return None
-    rec = StepRecord(iteration, total)
-    _fill(rec, pairs)
+    fill(rec, pairs, _NEMO_KEYS)
     return rec
+
+
+@register
+class NeMo2(LogFormat):
+    name = "nemo2"
+    title = "NeMo 2"
+    # NeMo 1 and 2 share the search: one pass over the file finds both.
+    markers = (b"train_step_timing in s",)
+    head_markers = _NEMO_HEAD
+    banners = (b"[NeMo ",)
+
+    def __init__(self):
+        self.epochs = False
+
+    def read(self, text, state):
+        if "train_step_timing in s:" in text:
+            rec = state.step(self.name, parse_nemo2_line(text))
+            if rec is not None and rec.total_iterations is None and _ITERATION.search(text):
+                self.epochs = True
+
+    def read_head(self, text, state):
+        _read_nemo_config(text, state)
+
+    def finish(self, state):
+        records = state.records.get(self.name, {})
+        if self.epochs:
+            # More than one epoch: `iteration i/N` counts one epoch, not the run.
+            for rec in records.values():
+                rec.total_iterations = None
+            if records:
+                state.scan.notes.append("more than one epoch: steps keyed on global_step")
+
+
+_PROGRESS = re.compile(r"(\d+)/(\d+|\?)\s*\[")
 
 
 def parse_nemo1_segment(text: str) -> StepRecord | None:
     """One NeMo 1 progress-bar update:
     `Epoch 0: : 100%|...| 100/100 [07:57<00:00, reduced_train_loss=7.310, global_step=99.00,
-    consumed_samples=25600.0, train_step_timing in s=3.590]`."""
+    consumed_samples=25600.0, train_step_timing in s=3.590]`.
+    Lightning rounds `global_step` to three significant digits past 1000 (`3.2e+4`); the
+    bar's own count then gives the step exactly."""
     pairs = key_values(text)
     step = pairs.get("global_step")
     if step is None or not math.isfinite(step):
         return None
+    progress = _PROGRESS.search(text)
     total = None
-    match = _PROGRESS.search(text)
-    if match and match.group(2) != "?":
-        total = int(match.group(2))
-    rec = StepRecord(int(step), total)
-    _fill(rec, pairs)
+    if progress and progress.group(2) != "?":
+        total = int(progress.group(2))
+    iteration = int(step)
+    if re.search(r"global_step=[\d.]+e", text, re.I) and progress:
+        iteration = int(progress.group(1)) - 1
+    rec = StepRecord(iteration, total)
+    # `loss=` in the bar is Lightning's running mean, not the step's loss.
+    pairs.pop("loss", None)
+    fill(rec, pairs, _NEMO_KEYS | {"train_step_timing in s": ("step_time_s", 1.0)})
     return rec
+
+
+@register
+class NeMo1(LogFormat):
+    name = "nemo1"
+    title = "NeMo 1 (progress bars)"
+    markers = NeMo2.markers
+    head_markers = _NEMO_HEAD
+    banners = NeMo2.banners
+
+    def read(self, text, state):
+        if "train_step_timing in s=" in text:
+            state.step(self.name, parse_nemo1_segment(text))
+
+    def read_head(self, text, state):
+        _read_nemo_config(text, state)
+
+
+# --- Megatron-LM, Megatron-Bridge, Megatron-DeepSpeed --------------------------------------
+
+_MEGATRON_KEYS: dict[str, tuple[str, float]] = {
+    "elapsed time per iteration (ms)": ("step_time_s", 1e-3),
+    "elapsed time per iteration (s)": ("step_time_s", 1.0),
+    "throughput per gpu (tflop/s/gpu)": ("tflops_per_gpu", 1.0),
+    "tflops": ("tflops_per_gpu", 1.0),
+    "lm loss": ("loss", 1.0),
+    "grad norm": ("grad_norm", 1.0),
+    "consumed samples": ("consumed_samples", 1.0),
+    "global batch size": ("global_batch_size", 1.0),
+}
+_TFLOPS_AFTER_UNIT = re.compile(r"TFLOP/s/GPU\)?\s*:\s*(" + _NUM + ")", re.I)
+_TFLOPS_BEFORE_UNIT = re.compile(r"(\d+(?:\.\d*)?)\s*(?:MODEL_)?TFLOP/s/GPU")
+_BRIDGE_STEP_TIME = re.compile(r"Step Time\s*:\s*(\d+(?:\.\d*)?)\s*s")
+# `  tensor_model_parallel_size ...................... 8`
+_ARGUMENT = re.compile(r"^\s*(\w+) \.{2,} (\S+)\s*$")
+_MEGATRON_ARGS = {
+    "world_size": "world_size", "seq_length": "seq_len", "global_batch_size": "gbs",
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp", "expert_model_parallel_size": "ep",
+    "train_iters": "total_iterations", "log_interval": "log_interval",
+}
 
 
 def parse_megatron_line(text: str) -> StepRecord | None:
     """`iteration   12/  50 | consumed samples: ... | elapsed time per iteration (ms):
-    20289.1 | ... | lm loss: ... | grad norm: ...` (1-based iteration, stored 0-based)."""
+    20289.1 | ... | lm loss: ... | grad norm: ...` (1-based iteration, stored 0-based;
+    Megatron-DeepSpeed prints `elapsed time per iteration (s)`)."""
     match = _ITERATION.search(text)
     if not match:
         return None
     rec = StepRecord(int(match.group(1)) - 1, int(match.group(2)))
-    _fill(rec, key_values(text))
+    fill(rec, key_values(text), _MEGATRON_KEYS)
     if rec.tflops_per_gpu is None:
         rec.tflops_per_gpu = megatron_tflops(text)
     return rec
@@ -207,128 +490,25 @@ def megatron_tflops(text: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def parse_maxtext_line(text: str) -> StepRecord | None:
-    """`completed step: 49, seconds: 7.908, TFLOP/s/device: 460.480, Tokens/s/device:
-    1035.970, total_weights: 524288, loss: 0.000` (0-based steps; no total printed)."""
-    match = _MAXTEXT_STEP.search(text)
-    if not match:
-        return None
-    rec = StepRecord(int(match.group(1)))
-    _fill(rec, key_values(text))
-    return rec
-
-
-# --- the streaming scanner ---------------------------------------------------------------
-
-# Primary markers name a format; secondary markers carry extra data for a format.
-_NEMO = b"train_step_timing"
-_MEGATRON = b"elapsed time per iteration"
-_MAXTEXT = b"completed step:"
-_TFLOPS = b"TFLOP/s/GPU"
-_MEMORY = b"memory (MB)"
-_CONFIG = b"Config param "
-_ALL_MARKERS = (_NEMO, _MEGATRON, _MAXTEXT, _TFLOPS, _MEMORY, _CONFIG)
-_MARKERS_AFTER_DETECTION = {
-    "nemo2": (_NEMO,),
-    "nemo1": (_NEMO,),
-    "megatron": (_MEGATRON, _TFLOPS, _MEMORY),
-    "maxtext": (_MAXTEXT,),
-}
-
-
-class _Accumulator:
-    """Collects records per format while the scanner feeds it lines in file order."""
-
-    def __init__(self, scan: LogScan):
-        self.scan = scan
-        self.by_format: dict[str, dict[int, StepRecord]] = {}
-        self.detected: str | None = None
-        # Megatron-Bridge prints `Step Time : 9.09s GPU utilization: 663.5MODEL_TFLOP/s/GPU`
-        # on its own line next to the iteration line; it is matched to its iteration by
-        # step time, whichever of the two lines comes first.
-        self.pending_tflops: tuple[float, float | None] | None = None
-        self.last_megatron: StepRecord | None = None
-
-    def markers(self) -> tuple[bytes, ...]:
-        return _MARKERS_AFTER_DETECTION.get(self.detected, _ALL_MARKERS)
-
-    def _store(self, fmt: str, rec: StepRecord | None) -> None:
-        if rec is None:
-            return
-        self.by_format.setdefault(fmt, {})[rec.iteration] = rec
-        if self.detected is None and rec.step_time_s is not None:
-            self.detected = fmt
-
-    def feed(self, raw: bytes, truncated: bool) -> None:
-        text = raw.decode("utf-8", "replace")
-        if truncated:
-            text = _cut_truncated(text)
-        if "train_step_timing" in text:
-            after = text.split("train_step_timing in s", 1)[-1].lstrip()
-            if after.startswith("="):
-                self._store("nemo1", parse_nemo1_segment(text))
-            else:
-                self._store("nemo2", parse_nemo2_line(text))
-        elif "elapsed time per iteration" in text or (
-                "TFLOP/s/GPU" in text and _ITERATION.search(text)):
-            self._megatron_iteration(text)
-        elif "completed step:" in text:
-            self._store("maxtext", parse_maxtext_line(text))
-        elif "TFLOP/s/GPU" in text:
-            self._megatron_tflops_line(text)
-        elif "memory (MB)" in text:
-            pairs = key_values(text)
-            peak = pairs.get("max reserved", pairs.get("max allocated"))
-            if peak is not None and math.isfinite(peak):
-                peak_bytes = int(peak * 2**20)
-                self.scan.peak_memory_bytes = max(self.scan.peak_memory_bytes or 0, peak_bytes)
-        elif "Config param" in text:
-            match = _MAXTEXT_CONFIG.search(text)
-            if match:
-                self.scan.config[match.group(1)] = match.group(2)
-
-    def _megatron_iteration(self, text: str) -> None:
-        rec = parse_megatron_line(text)
-        if rec is None:
-            return
-        records = self.by_format.setdefault("megatron", {})
-        old = records.get(rec.iteration)
-        if old is not None:  # a second line about the same iteration adds its fields
-            for f in fields(rec):
-                if getattr(rec, f.name) is None:
-                    setattr(rec, f.name, getattr(old, f.name))
-        if rec.tflops_per_gpu is None and self.pending_tflops is not None:
-            value, step_time = self.pending_tflops
-            if _same_step_time(step_time, rec.step_time_s):
-                rec.tflops_per_gpu = value
-        self.pending_tflops = None
-        self._store("megatron", rec)
-        self.last_megatron = rec
-
-    def _megatron_tflops_line(self, text: str) -> None:
-        value = megatron_tflops(text)
-        if value is None:
-            return
-        match = _BRIDGE_STEP_TIME.search(text)
-        step_time = float(match.group(1)) if match else None
-        last = self.last_megatron
-        if (last is not None and last.tflops_per_gpu is None
-                and _same_step_time(step_time, last.step_time_s)):
-            last.tflops_per_gpu = value
-        else:
-            self.pending_tflops = (value, step_time)
-
-    def finish(self) -> None:
-        if not self.by_format:
-            return
-        # A file holds one run; should two formats appear, the one with most steps wins.
-        fmt = self.detected or max(self.by_format, key=lambda k: len(self.by_format[k]))
-        records = [r for r in self.by_format.get(fmt, {}).values() if r.step_time_s is not None]
-        if not records:
-            return
-        records.sort(key=lambda r: r.iteration)
-        self.scan.format = fmt
-        self.scan.records = records
+def _read_megatron_common(text: str, state: ScanState) -> bool:
+    """The argument dump and the memory report, printed by every Megatron flavour."""
+    if "memory (MB)" in text:
+        pairs = key_values(text)
+        peak = pairs.get("max reserved", pairs.get("max allocated"))
+        if peak is not None and math.isfinite(peak):
+            state.peak_memory(int(peak * 2**20))
+        return True
+    match = _ARGUMENT.match(text)
+    if match:
+        key, value = match.groups()
+        if key in _MEGATRON_ARGS:
+            state.fact(_MEGATRON_ARGS[key], _int_fact(value))
+        elif key in ("bf16", "fp16", "fp8") and value not in ("False", "None"):
+            state.fact("dtype", "fp8" if key == "fp8" else key)
+        elif key in ("profile", "use_pytorch_profiler") and value == "True":
+            state.profiled(text)
+        return True
+    return False
 
 
 def _same_step_time(printed: float | None, measured: float | None) -> bool:
@@ -336,6 +516,291 @@ def _same_step_time(printed: float | None, measured: float | None) -> bool:
     if printed is None or measured is None:
         return True
     return abs(printed - measured) <= 0.006 + 0.002 * measured
+
+
+@register
+class Megatron(LogFormat):
+    """Megatron-LM and Megatron-Bridge. Bridge prints `Step Time : 9.09s GPU utilization:
+    663.5MODEL_TFLOP/s/GPU` on its own line next to the iteration line (matched to its
+    iteration by step time, whichever comes first); a log of rank 0 alone may hold only
+    those lines, counted then at the log interval."""
+
+    name = "megatron"
+    title = "Megatron-LM / Megatron-Bridge"
+    # Megatron-DeepSpeed's `(s)` lines share the search; each flavour reads its own.
+    markers = (b"elapsed time per iteration (", b"TFLOP/s/GPU", b"memory (MB)")
+    head_markers = (b".. ",)
+    banners = (b"------------------------ arguments ------------------------",
+               b"> building ", b"megatron.core", b"megatron.bridge")
+
+    def __init__(self):
+        self.pending_tflops: tuple[float, float | None] | None = None
+        self.last: StepRecord | None = None
+        self.step_times: list[tuple[float, float | None]] = []
+
+    def read(self, text, state):
+        if "elapsed time per iteration (ms)" in text or (
+                "TFLOP/s/GPU" in text and _ITERATION.search(text)):
+            self._iteration(text, state)
+        elif "TFLOP/s/GPU" in text:
+            self._tflops_line(text, state)
+        elif "elapsed time per iteration (s)" not in text:
+            _read_megatron_common(text, state)
+
+    def read_head(self, text, state):
+        _read_megatron_common(text, state)
+
+    def _iteration(self, text, state):
+        rec = parse_megatron_line(text)
+        if rec is None:
+            return
+        if rec.tflops_per_gpu is None and self.pending_tflops is not None:
+            value, step_time = self.pending_tflops
+            if _same_step_time(step_time, rec.step_time_s):
+                rec.tflops_per_gpu = value
+        self.pending_tflops = None
+        self.last = state.step(self.name, rec)
+
+    def _tflops_line(self, text, state):
+        value = megatron_tflops(text)
+        if value is None:
+            return
+        match = _BRIDGE_STEP_TIME.search(text)
+        step_time = float(match.group(1)) if match else None
+        if step_time is not None:
+            self.step_times.append((step_time, value))
+            if state.detected is None:
+                state.detected = self.name
+        last = self.last
+        if (last is not None and last.tflops_per_gpu is None
+                and _same_step_time(step_time, last.step_time_s)):
+            last.tflops_per_gpu = value
+        else:
+            self.pending_tflops = (value, step_time)
+
+    def finish(self, state):
+        if state.records.get(self.name) or not self.step_times:
+            return
+        interval = int(state.scan.facts.get("log_interval", 1) or 1)
+        total = state.scan.facts.get("total_iterations")
+        for k, (step_time, tflops) in enumerate(self.step_times):
+            rec = StepRecord((k + 1) * interval - 1, total if isinstance(total, int) else None,
+                             step_time_s=step_time, tflops_per_gpu=tflops)
+            state.step(self.name, rec)
+        state.scan.notes.append(f"no iteration lines: {len(self.step_times)} `Step Time` lines "
+                                f"taken as every {interval} iteration(s) from the first")
+
+
+@register
+class MegatronDeepSpeed(LogFormat):
+    """`iteration 12695/ 115311 | ... | elapsed time per iteration (s): 105.22 | ... |
+    TFLOPs: 149.02 |`: seconds, not milliseconds."""
+
+    name = "megatron-deepspeed"
+    title = "Megatron-DeepSpeed"
+    markers = (b"elapsed time per iteration (", b"memory (MB)")
+    head_markers = (b".. ",)
+    banners = (b"DeepSpeed general environment info", b"deepspeed_config")
+
+    def read(self, text, state):
+        if "elapsed time per iteration (s)" in text:
+            state.step(self.name, parse_megatron_line(text))
+        elif "memory (MB)" in text:
+            _read_megatron_common(text, state)
+
+    def read_head(self, text, state):
+        _read_megatron_common(text, state)
+
+
+# --- MaxText --------------------------------------------------------------------------------
+
+_MAXTEXT_STEP = re.compile(r"completed step:\s*(\d+)")
+_MAXTEXT_CONFIG = re.compile(r"Config param (\w+): (\S*)")
+_MAXTEXT_DEVICES = re.compile(r"Num_devices:\s*(\d+)")
+_MAXTEXT_FACTS = {"steps": "total_iterations", "max_target_length": "seq_len",
+                  "global_batch_size_to_train_on": "gbs", "ici_tensor_parallelism": "tp",
+                  "ici_pipeline_parallelism": "pp", "ici_context_parallelism": "cp"}
+_MAXTEXT_KEYS: dict[str, tuple[str, float]] = {
+    "seconds": ("step_time_s", 1.0),
+    "tflop/s/device": ("tflops_per_gpu", 1.0),
+    "loss": ("loss", 1.0),
+}
+
+
+def parse_maxtext_line(text: str) -> StepRecord | None:
+    """`completed step: 49, seconds: 7.908, TFLOP/s/device: 460.480, Tokens/s/device:
+    1035.970, total_weights: 524288, loss: 0.000` (0-based steps; no total printed)."""
+    match = _MAXTEXT_STEP.search(text)
+    if not match:
+        return None
+    rec = StepRecord(int(match.group(1)))
+    fill(rec, key_values(text), _MAXTEXT_KEYS)
+    return rec
+
+
+@register
+class MaxText(LogFormat):
+    name = "maxtext"
+    title = "MaxText"
+    markers = (b"completed step:",)
+    head_markers = (b"Config param ", b"Num_devices")
+    banners = (b"Config param ", b"maxtext", b"MaxText")
+
+    def read(self, text, state):
+        state.step(self.name, parse_maxtext_line(text))
+
+    def read_head(self, text, state):
+        if match := _MAXTEXT_DEVICES.search(text):
+            state.fact("world_size", int(match.group(1)))
+        elif match := _MAXTEXT_CONFIG.search(text):
+            key, value = match.groups()
+            state.scan.config[key] = value
+            if key in _MAXTEXT_FACTS:
+                state.fact(_MAXTEXT_FACTS[key], _int_fact(value))
+            elif key == "profiler" and value not in ("", "none", "None", "''"):
+                state.profiled(text)
+
+
+# --- torchtitan -----------------------------------------------------------------------------
+
+_TITAN_STEP = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(" + _NUM + r")")
+_TITAN_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+_TITAN_FIELDS = re.compile(
+    r"grad_norm:\s*(?P<grad>" + _NUM + r")|memory:\s*(?P<mem>[\d.]+)GiB"
+    r"|tflops:\s*(?P<tflops>[\d.]+)")
+_TITAN_START = re.compile(
+    r"Training starts at step \d+, with local batch size (\d+), global batch size (\d+), "
+    r"sequence length (\d+), total steps (\d+)")
+_TITAN_MESH = re.compile(r"device mesh with \[[^\]]*\], \[([\d, ]+)\]")
+
+
+@register
+class TorchTitan(LogFormat):
+    """`[rank0]:[titan] 2025-06-16 22:30:50,322 - root - INFO - step: 200  loss:  6.1384
+    memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%`, every rank
+    printing, every `log_freq` steps. No step time is printed: it is the time between two
+    logged steps (the interval torchtitan's own tps and mfu are measured over) divided by
+    the steps between them; the first logged step has none."""
+
+    name = "torchtitan"
+    title = "torchtitan"
+    markers = (b"GiB(",)
+    head_markers = (b"Training starts at step", b"device mesh with")
+    banners = (b"[titan]",)
+
+    def __init__(self):
+        self.stamps: dict[int, datetime] = {}
+
+    def read_head(self, text, state):
+        if match := _TITAN_START.search(text):
+            state.fact("gbs", int(match.group(2)))
+            state.fact("seq_len", int(match.group(3)))
+            state.fact("total_iterations", int(match.group(4)))
+        elif match := _TITAN_MESH.search(text):
+            state.fact("world_size", math.prod(int(d) for d in match.group(1).split(",")))
+        elif "Profiling active" in text:
+            state.profiled(text)
+
+    def read(self, text, state):
+        step = _TITAN_STEP.search(text)
+        if step is None:
+            return
+        # torchtitan counts steps from 1.
+        rec = StepRecord(int(step.group(1)) - 1, loss=number(step.group(2)))
+        for match in _TITAN_FIELDS.finditer(text):
+            if match.group("grad"):
+                rec.grad_norm = number(match.group("grad"))
+            elif match.group("mem"):
+                rec.peak_memory_bytes = int(float(match.group("mem")) * 2**30)
+            elif match.group("tflops"):
+                rec.tflops_per_gpu = float(match.group("tflops"))
+        stamp = _TITAN_TIME.search(text)
+        if stamp and rec.iteration not in self.stamps:
+            when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
+            self.stamps[rec.iteration] = when.replace(microsecond=int(stamp.group(2)) * 1000)
+            earlier = [i for i in self.stamps if i < rec.iteration]
+            if earlier:
+                prev = max(earlier)
+                seconds = (self.stamps[rec.iteration] - self.stamps[prev]).total_seconds()
+                rec.step_time_s = seconds / (rec.iteration - prev)
+        # Every rank prints the step; any of them names the format.
+        state.step(self.name, rec)
+        if state.detected is None:
+            state.detected = self.name
+
+    def finish(self, state):
+        total = state.scan.facts.get("total_iterations")
+        for rec in state.records.get(self.name, {}).values():
+            rec.total_iterations = total if isinstance(total, int) else None
+
+
+FORMATS = ("trainbench",) + tuple(REGISTRY)
+
+
+# --- the streaming scanner ---------------------------------------------------------------
+
+class _Dispatcher:
+    """Hands each marker line to the formats that asked for it."""
+
+    def __init__(self, scan: LogScan):
+        self.scan = scan
+        self.state = ScanState(scan)
+        # Fresh instances: a format may keep state while it reads one file.
+        self.formats = {name: type(fmt)() for name, fmt in REGISTRY.items()}
+        self.strings = {name: ([m.decode() for m in f.markers],
+                               [m.decode() for m in f.head_markers],
+                               [m.decode() for m in f.banners])
+                        for name, f in self.formats.items()}
+        self._steps = tuple(dict.fromkeys(m for f in self.formats.values() for m in f.markers))
+        self.head_markers = tuple(dict.fromkeys(
+            m for f in self.formats.values() for m in f.head_markers + f.banners)
+            ) + PROFILER_MARKERS
+
+    def markers(self) -> tuple[bytes, ...]:
+        if self.state.detected is None:
+            return self._steps
+        return self.formats[self.state.detected].markers
+
+    def feed(self, raw: bytes, truncated: bool) -> None:
+        text = raw.decode("utf-8", "replace")
+        if truncated:
+            text = _cut_truncated(text)
+        detected = self.state.detected
+        for piece in split_ranks(text):
+            for name, fmt in self.formats.items():
+                if detected is not None and name != detected:
+                    continue
+                if any(m in piece for m in self.strings[name][0]):
+                    fmt.read(piece, self.state)
+
+    def feed_head(self, raw: bytes) -> None:
+        """A line of the file's head: facts, banners, profiler lines."""
+        for piece in split_ranks(raw.decode("utf-8", "replace")):
+            for name, fmt in self.formats.items():
+                _, head, banners = self.strings[name]
+                if any(m in piece for m in banners):
+                    self.scan.families.add(name)
+                if any(m in piece for m in head):
+                    fmt.read_head(piece, self.state)
+            read_profiler_line(piece, self.state)
+
+    def finish(self) -> None:
+        for fmt in self.formats.values():
+            fmt.finish(self.state)
+        by_format = self.state.records
+        candidates = {k: v for k, v in by_format.items()
+                      if any(r.step_time_s is not None for r in v.values())}
+        if not candidates:
+            self.scan.notes.clear()
+            return
+        # A file holds one run; should two formats appear, the one with most steps wins.
+        fmt = self.state.detected if self.state.detected in candidates else max(
+            candidates, key=lambda k: len(candidates[k]))
+        records = [r for r in candidates[fmt].values() if r.step_time_s is not None]
+        records.sort(key=lambda r: r.iteration)
+        self.scan.format = fmt
+        self.scan.records = records
+        self.scan.families.add(fmt)
 
 
 def _segments(buf: bytes, start: int, end: int, markers: tuple[bytes, ...]):
@@ -359,43 +824,76 @@ def _segments(buf: bytes, start: int, end: int, markers: tuple[bytes, ...]):
 
 
 def scan_log(path: str | Path, chunk_size: int = CHUNK_SIZE) -> LogScan:
-    """Stream a log file once and return its step records; never holds the file whole."""
+    """Stream a log file and return its step records and facts; never holds the file
+    whole. The head and the tail (HEAD_BYTES, TAIL_BYTES) are read once more for facts."""
     scan = LogScan(Path(path))
-    acc = _Accumulator(scan)
+    acc = _Dispatcher(scan)
+    with open(path, "rb") as fh:
+        _edge(fh, 0, HEAD_BYTES, acc.head_markers, acc.feed_head)
+        fh.seek(0)
+        _stream(fh, scan, acc, chunk_size)
+        size = scan.bytes_read
+        if scan.profiled is None and size > HEAD_BYTES:
+            _edge(fh, max(HEAD_BYTES, size - TAIL_BYTES), size, PROFILER_MARKERS,
+                  lambda raw: read_profiler_line(raw.decode("utf-8", "replace"), acc.state))
+        acc.finish()
+        if not scan.recognised:
+            _count_step_like(fh, scan, chunk_size)
+    return scan
 
+
+def _edge(fh, start: int, end: int, markers: tuple[bytes, ...], feed) -> None:
+    """Feed the whole lines of bytes start..end holding a marker (a partial first line
+    is skipped: the part before start holds its beginning)."""
+    fh.seek(start)
+    buf = fh.read(end - start)
+    begin = buf.find(b"\n") + 1 if start > 0 else 0
+    stop = len(buf) if len(buf) < end - start else buf.rfind(b"\n") + 1
+    for seg_start, seg_end in _segments(buf, begin, stop, markers):
+        feed(buf[seg_start:seg_end])
+
+
+def _stream(fh, scan: LogScan, acc: _Dispatcher, chunk_size: int) -> None:
     def feed_region(buf: bytes, start: int, end: int) -> None:
         for seg_start, seg_end in _segments(buf, start, end, acc.markers()):
             acc.feed(buf[seg_start:seg_end], truncated=False)
 
     carry = b""  # the partial line at the end of the previous chunk
-    with open(path, "rb") as fh:
-        while True:
-            data = fh.read(chunk_size)
-            if not data:
-                break
-            scan.bytes_read += len(data)
-            first = data.find(b"\n")
-            if first < 0:
-                carry += data
-                if len(carry) > MAX_LINE:  # a runaway line: cut it at its last redraw
-                    cut = carry.rfind(b"\r") + 1 or len(carry)
-                    feed_region(carry, 0, cut)
-                    carry = carry[cut:]
-                continue
-            # The line the chunk edge split is joined on its own; the rest of the chunk is
-            # searched in place, so the chunk is never copied.
-            head = carry + data[:first + 1]
-            feed_region(head, 0, len(head))
-            last = data.rfind(b"\n") + 1
-            feed_region(data, first + 1, last)
-            carry = data[last:]
+    while True:
+        data = fh.read(chunk_size)
+        if not data:
+            break
+        scan.bytes_read += len(data)
+        first = data.find(b"\n")
+        if first < 0:
+            carry += data
+            if len(carry) > MAX_LINE:  # a runaway line: cut it at its last redraw
+                cut = carry.rfind(b"\r") + 1 or len(carry)
+                feed_region(carry, 0, cut)
+                carry = carry[cut:]
+            continue
+        # The line the chunk edge split is joined on its own; the rest of the chunk is
+        # searched in place, so the chunk is never copied.
+        head = carry + data[:first + 1]
+        feed_region(head, 0, len(head))
+        last = data.rfind(b"\n") + 1
+        feed_region(data, first + 1, last)
+        carry = data[last:]
     if carry:
         scan.truncated_last_line = True
-        segments = _segments(carry, 0, len(carry), acc.markers())
-        for seg_start, seg_end in segments:
+        for seg_start, seg_end in _segments(carry, 0, len(carry), acc.markers()):
             acc.feed(carry[seg_start:seg_end], truncated=seg_end == len(carry))
-    acc.finish()
-    return scan
+
+
+def _count_step_like(fh, scan: LogScan, chunk_size: int, limit: int = 64 * 2**20) -> None:
+    """Lines of an unknown format that look like training steps (a loss and a step or
+    iteration count), in the first `limit` bytes."""
+    fh.seek(0)
+    buf = fh.read(limit)
+    for seg_start, seg_end in _segments(buf, 0, len(buf), (b"oss",)):
+        low = buf[seg_start:seg_end].decode("utf-8", "replace").lower()
+        if "loss" in low and ("step" in low or "iter" in low):
+            scan.step_like_lines += 1
 
 
 # --- trainbench's metrics.jsonl ------------------------------------------------------------
@@ -440,25 +938,34 @@ def read_metrics_jsonl(path: str | Path) -> LogScan:
 
 
 def _int_or_none(value) -> int | None:
-    number = _number(value)
-    return int(number) if number is not None and math.isfinite(number) else None
+    number_ = _number(value)
+    return int(number_) if number_ is not None and math.isfinite(number_) else None
 
 
-# --- the last error line -------------------------------------------------------------------
+# --- the line that says why a run failed -------------------------------------------------------
 
 _ERROR_MARKERS = (b"Error", b"Exception", b"exception", b"error:", b"Traceback", b"Killed",
-                  b"out of memory", b"CANCELLED")
+                  b"out of memory", b"CANCELLED", b"Watchdog caught", b"NCCL error",
+                  b"Segmentation fault", b"SIGSEGV", b"SIGKILL", b"NODE FAILURE",
+                  b"TIME LIMIT", b"No space left", b"timed out", b"Timeout")
 # `RuntimeError: ...`, `srun: error: ...`, `torch.OutOfMemoryError: ...`: the line that says
 # what went wrong, preferred over `Traceback (most recent call last):` and the like.
 _STRONG_ERROR = re.compile(
     r"\b\w*(?:Error|Exception)\b:|\berror:|out of memory|CANCELLED|\bKilled\b")
+# The last bytes of a failed log hold its cause; a cause is looked for this far back.
+_CAUSE_WINDOW = 32 * 2**20
 
 
-def find_last_error(path: str | Path, chunk_size: int = CHUNK_SIZE) -> str | None:
-    """The last error-looking line of a file (an exception message preferred over a bare
-    `Traceback` line), read backwards from the end so a crash costs only the tail."""
+def find_failure(path: str | Path, chunk_size: int = CHUNK_SIZE) -> tuple[str | None, str | None]:
+    """(failure class, line) of a log: among its last lines, the line of the most
+    specific known cause (status.FAILURE_CLASSES: out of memory before the NCCL timeout
+    it provokes, before the SIGABRT that follows); without one, the last error-looking
+    line (an exception message preferred over a bare `Traceback`) and class None."""
+    from .status import classify_failure, failure_rank
     size = Path(path).stat().st_size
     weak: str | None = None
+    strong: str | None = None
+    best: tuple[int, str, str] | None = None
     with open(path, "rb") as fh:
         end = size
         tail = b""
@@ -478,9 +985,27 @@ def find_last_error(path: str | Path, chunk_size: int = CHUNK_SIZE) -> str | Non
             for line in reversed(lines):
                 if not line or "train_step_timing" in line:
                     continue
-                if _STRONG_ERROR.search(line):
-                    return line[:500]
-                weak = weak or line[:500]
+                line = line[:500]
+                cls = classify_failure(line)
+                if cls is not None:
+                    rank = failure_rank(cls)
+                    if best is None or rank < best[0]:
+                        best = (rank, cls, line)
+                elif _STRONG_ERROR.search(line):
+                    strong = strong or line
+                else:
+                    weak = weak or line
             tail = buf[:cut]
             end = start
-    return weak
+            if best is not None and size - end >= _CAUSE_WINDOW:
+                break
+            if best is None and strong is not None:
+                break
+    if best is not None:
+        return best[1], best[2]
+    return None, strong or weak
+
+
+def find_last_error(path: str | Path, chunk_size: int = CHUNK_SIZE) -> str | None:
+    """The line that says why a run failed (see find_failure)."""
+    return find_failure(path, chunk_size)[1]

@@ -9,7 +9,8 @@ import json
 from collections import Counter
 from dataclasses import fields
 
-from .status import FAILED, INCOMPLETE, INVALID, STATUSES, SUCCESS
+from .parse import formats_read
+from .status import FAILED, INCOMPLETE, INVALID, RATED, STATUSES, SUCCESS, UNRECOGNISED
 from .summary import ExperimentResult
 
 FORMATS = ("table", "csv", "json")
@@ -55,24 +56,38 @@ def sort_results(results: list[ExperimentResult], column: str | None) -> list[Ex
 
 
 def summary(results: list[ExperimentResult]) -> dict:
+    """Counts per status; the success rate is over the runs whose logs could be read
+    (an unrecognised log says nothing about its run)."""
     counts = Counter(r.status for r in results)
-    n = len(results)
+    rated = sum(counts.get(s, 0) for s in RATED)
     return {
-        "experiments": n,
+        "experiments": len(results),
         **{status.lower(): counts.get(status, 0) for status in STATUSES},
-        "success_rate_pct": 100.0 * counts.get(SUCCESS, 0) / n if n else 0.0,
+        "success_rate_pct": 100.0 * counts.get(SUCCESS, 0) / rated if rated else 0.0,
     }
 
 
 def summary_line(results: list[ExperimentResult]) -> str:
     s = summary(results)
-    parts = ", ".join(f"{s[st.lower()]} {st}" for st in STATUSES)
+    shown = [st for st in STATUSES if st != UNRECOGNISED or s[st.lower()]]
+    parts = ", ".join(f"{s[st.lower()]} {st}" for st in shown)
+    rated = sum(s[st.lower()] for st in RATED)
     conventions = sorted({r.mfu_convention for r in results if r.mfu_convention})
     line = (f"{s['experiments']} experiment(s): {parts}; success rate "
-            f"{s['success_rate_pct']:.0f}% ({s[SUCCESS.lower()]}/{s['experiments']})")
+            f"{s['success_rate_pct']:.0f}% ({s[SUCCESS.lower()]}/{rated}"
+            + (" readable" if s[UNRECOGNISED.lower()] else "") + ")")
     if conventions:
         line += f"; MFU convention: {', '.join(conventions)}"
     return line
+
+
+def unrecognised_line(results: list[ExperimentResult]) -> str | None:
+    """One line naming the formats trainbench reads, when some log was in none of them."""
+    n = sum(r.status == UNRECOGNISED for r in results)
+    if not n:
+        return None
+    return (f"{n} log(s) in a format trainbench does not read, left out of the success rate; "
+            f"formats read: {formats_read()}")
 
 
 # --- CSV and JSON ---------------------------------------------------------------------------
@@ -113,7 +128,8 @@ def _mfu(r: ExperimentResult) -> str:
             + (" (GEMM)" if r.peak_source == "measured GEMM" else ""))
 
 
-_STATUS_STYLE = {SUCCESS: "green", INCOMPLETE: "yellow", FAILED: "red", INVALID: "magenta"}
+_STATUS_STYLE = {SUCCESS: "green", INCOMPLETE: "yellow", FAILED: "red", INVALID: "magenta",
+                 UNRECOGNISED: "blue"}
 
 TABLE_COLUMNS = (
     # header, cell, justify; only the experiment name may wrap.
@@ -163,7 +179,8 @@ def detail_lines(results: list[ExperimentResult]) -> list[str]:
     for r in results:
         said = []
         if r.status != SUCCESS or r.status_detail:
-            said.append(f"{r.status}: {r.status_detail}" if r.status_detail else r.status)
+            status = f"{r.status} ({r.failure_class})" if r.failure_class else r.status
+            said.append(f"{status}: {r.status_detail}" if r.status_detail else status)
         said.extend(r.notes)
         if said:
             lines.append(f"{r.name}: " + "; ".join(said))
@@ -179,3 +196,6 @@ def print_table(results: list[ExperimentResult], console, convention: str) -> No
     for line in detail_lines(results):
         console.print(line, markup=False, highlight=False)
     console.print(summary_line(results), markup=False, highlight=False)
+    unknown = unrecognised_line(results)
+    if unknown:
+        console.print(unknown, markup=False, highlight=False)

@@ -6,10 +6,15 @@
   or the run stopped early and its end says it failed (a non-zero exit code, a killed
   launcher): the same verdict `trainbench jobs` gives it.
 - Invalid: a NaN or infinite loss or gradient norm; the timings mean nothing.
+- Unrecognised: a log in no format trainbench reads, with no known cause of failure in
+  it; not counted in the success rate.
+
+A failed run's cause is classified (FAILURE_CLASSES) from the line that states it.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -19,7 +24,51 @@ SUCCESS = "Success"
 INCOMPLETE = "Incomplete"
 FAILED = "Failed"
 INVALID = "Invalid"
-STATUSES = (SUCCESS, INCOMPLETE, FAILED, INVALID)
+UNRECOGNISED = "Unrecognised"
+STATUSES = (SUCCESS, INCOMPLETE, FAILED, INVALID, UNRECOGNISED)
+RATED = (SUCCESS, INCOMPLETE, FAILED, INVALID)
+"""The statuses the success rate counts: an unrecognised log says nothing about a run."""
+
+# Why a run failed, most specific cause first: a Slurm time limit or a node failure
+# explains the killed ranks and NCCL timeouts after it; an out-of-memory rank explains
+# its peers' NCCL timeouts; a NCCL timeout explains the SIGABRT torchrun reports.
+# 'disk full' and 'launcher killed' are what trainbench's own launcher writes in
+# exit.json (launch/local.py).
+FAILURE_CLASSES: tuple[tuple[str, re.Pattern], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
+        ("Slurm time limit", r"DUE TO TIME LIMIT|time limit exceeded"),
+        ("node failure", r"DUE TO NODE FAIL|NODE_FAIL|node failure|Node \S+ not responding"),
+        ("disk full", r"^disk full|No space left on device|Errno 28\b|Disk quota exceeded"),
+        ("CUDA out of memory", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
+                               r"RESOURCE_EXHAUSTED: Out of memory"),
+        ("NCCL timeout", r"Watchdog caught collective operation timeout|"
+                         r"collective operation timeout|NCCL.*\btimed? ?out|Timeout\(ms\)="),
+        ("NCCL error", r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
+                       r"ncclRemoteError|ncclInvalidUsage|NCCL communicator was aborted"),
+        ("NaN/Inf", r"(?:loss|grad(?:ient)?[ _]norm)\s*(?:is|=|:)\s*[-+]?(?:nan|inf)\b|"
+                    r"found (?:NaN|Inf)\b|\bNaN detected|returned nan values"),
+        ("segmentation fault", r"Segmentation fault|SIGSEGV|signal 11\b|exitcode\s*:\s*-11\b"),
+        ("launcher killed", r"^launcher killed"),
+        ("rank killed", r"SIGKILL|exitcode\s*:\s*-9\b|\bKilled\b|oom[_-]kill|"
+                        r"killed by (?:signal|SIG\w+)"),
+        ("Slurm cancelled", r"CANCELLED AT|\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED"),
+    ))
+FAILURE_CLASS_NAMES = tuple(name for name, _ in FAILURE_CLASSES)
+
+
+def classify_failure(line: str | None) -> str | None:
+    """The failure class a line states, or None."""
+    if not line:
+        return None
+    for name, pattern in FAILURE_CLASSES:
+        if pattern.search(line):
+            return name
+    return None
+
+
+def failure_rank(name: str) -> int:
+    """Position of a class in FAILURE_CLASSES (lower: the more likely root cause)."""
+    return FAILURE_CLASS_NAMES.index(name)
 
 
 @dataclass(frozen=True)
@@ -50,7 +99,8 @@ def window_gaps(iterations: list[int], window: tuple[int, int], stride: int = 1)
 
 def compute_status(records: list[StepRecord], total_iterations: int | None,
                    window: tuple[int, int], last_error: str | None = None,
-                   failed_end: bool = False) -> RunStatus:
+                   failed_end: bool = False, recognised: bool = True,
+                   formats: str = "") -> RunStatus:
     """Status of a run from its records (sorted by iteration, each with a step time).
 
     total_iterations is the run length the log or plan states; None when unknown, in

@@ -21,8 +21,8 @@ from ..catalog import hardware, models, recipes, references
 from ..launch.experiment import (EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE,
                                  launcher_gone)
 from .infer import Identity, infer_identity
-from .parse import LogScan, StepRecord, find_last_error, read_metrics_jsonl, scan_log
-from .status import FAILED, INCOMPLETE, INVALID, SUCCESS, compute_status
+from .parse import LogScan, StepRecord, find_failure, formats_read, read_metrics_jsonl, scan_log
+from .status import (FAILED, INCOMPLETE, INVALID, SUCCESS, classify_failure, compute_status)
 
 LOG_SUFFIXES = (".out", ".log")
 DEFAULT_GPU = "h100"
@@ -89,6 +89,10 @@ class ExperimentResult:
     """False for profiled or NCCL-traced runs: their timings are not valid for comparison."""
     exit_code: int | None = None
     last_error: str | None = None
+    failure_class: str | None = None
+    """Why the run failed, when a line states a known cause (status.FAILURE_CLASSES)."""
+    facts: dict = field(default_factory=dict)
+    """What the log itself states (world_size, seq_len, gbs, tp, pp...); options override."""
     notes: list[str] = field(default_factory=list)
     records: list[StepRecord] = field(default_factory=list, repr=False)
     """Every step record (for plots); left out of to_dict()."""
@@ -300,6 +304,7 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
         notes.append("no metrics.jsonl and no log file")
     result.format = scan.format
     result.records = scan.records
+    notes.extend(scan.notes)
 
     _identify(result, facts, scan, path, workload, size, dtype, scale, gpu)
     spec = _model_spec(result, facts, notes)
@@ -332,17 +337,23 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
         # Killed with SIGKILL, the launcher wrote no exit.json: the run ended, and failed.
         facts.exit = {"reason": "launcher killed: it ended without writing exit.json"}
     failed_end = facts.exit is not None and result.exit_code != 0
-    provisional = compute_status(scan.records, total, win or (0, 0))
-    if provisional.status in (FAILED, INCOMPLETE) or (result.exit_code or 0) != 0:
-        result.last_error = _last_error(log_file, facts.exit)
-    status = compute_status(scan.records, total, win or (0, 0), result.last_error, failed_end)
+    recognised = scan.recognised or facts.plan is not None
+    provisional = compute_status(scan.records, total, win or (0, 0), recognised=recognised)
+    if provisional.status != SUCCESS or (result.exit_code or 0) != 0:
+        result.failure_class, result.last_error = _last_error(log_file, facts.exit)
+    status = compute_status(scan.records, total, win or (0, 0), result.last_error, failed_end,
+                            recognised=recognised, formats=formats_read())
+    if status.status == INVALID:
+        result.failure_class = "NaN/Inf"
+    elif status.status not in (FAILED, INCOMPLETE):
+        result.failure_class = None
     result.status, result.status_detail = status.status, status.detail
     if result.exit_code and status.status == SUCCESS:
         result.status_detail = (f"exit code {result.exit_code} after the last step"
                                 + (f": {result.last_error}" if result.last_error else ""))
 
-    _comparability(result, facts)
-    _window_metrics(result, scan, spec, convention, facts)
+    _comparability(result, facts, scan)
+    _window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
     _compare(result, spec, convention, tolerance_pct)
     return result
 
@@ -378,13 +389,20 @@ def _identify(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: P
     given = Identity(workload, size.lower() if size else None,
                      dtype.lower() if dtype else None, scale)
     inferred = infer_identity(path, scan.format)
-    ident = given.merged_over(inferred)
+    facts_ = scan.facts
+    result.facts = dict(facts_)
+    # What the log states beats what its file name suggests; the user's options beat both.
+    stated = Identity(None, None, _fact_str(facts_, "dtype"), _fact_int(facts_, "world_size"))
+    ident = given.merged_over(stated).merged_over(inferred)
     result.workload, result.size, result.dtype, result.gpus = (
         ident.workload, ident.size, ident.dtype, ident.gpus)
     result.gpu_type = (gpu or DEFAULT_GPU).lower()
     sources = []
     if not given.is_empty():
         sources.append("options")
+    if any(getattr(stated, k) is not None and getattr(given, k) is None
+           for k in ("dtype", "gpus")):
+        sources.append("log")
     if any(getattr(inferred, k) is not None and getattr(given, k) is None
            for k in ("workload", "size", "dtype", "gpus")):
         sources.append("name")
@@ -403,11 +421,13 @@ def _identify(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: P
     # The log's own batch and sequence length, where it prints them, describe the run
     # better than the recipe.
     logged_gbs = next((r.global_batch_size for r in reversed(scan.records)
-                       if r.global_batch_size), None)
-    cfg = scan.config
-    if logged_gbs is None and cfg.get("global_batch_size_to_train_on", "").isdigit():
-        logged_gbs = int(cfg["global_batch_size_to_train_on"])
-    seq = int(cfg["max_target_length"]) if cfg.get("max_target_length", "").isdigit() else None
+                       if r.global_batch_size), None) or _fact_int(facts_, "gbs")
+    seq = _fact_int(facts_, "seq_len")
+    tp, pp, cp = (_fact_int(facts_, k) for k in ("tp", "pp", "cp"))
+    if tp or pp or cp:
+        tp, pp, cp = tp or 1, pp or 1, cp or 1
+        dp = f" DP{result.gpus // (tp * pp * cp)}" if result.gpus else ""
+        result.layout = f"TP{tp} PP{pp} CP{cp}{dp} (log)"
     if seq is None and row is not None:
         seq = row.seq_len
     if seq is None and result.workload and result.size:
@@ -419,6 +439,16 @@ def _identify(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: P
     result.gbs = logged_gbs or (row.gbs if row else None)
     if logged_gbs and row and logged_gbs != row.gbs:
         result.notes.append(f"GBS {logged_gbs} in the log, {row.gbs} in the recipe")
+
+
+def _fact_int(facts: dict, key: str) -> int | None:
+    value = facts.get(key)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _fact_str(facts: dict, key: str) -> str | None:
+    value = facts.get(key)
+    return value if isinstance(value, str) and value else None
 
 
 def _model_spec(result: ExperimentResult, facts: _RunFacts, notes: list[str]):
@@ -441,19 +471,23 @@ def _model_spec(result: ExperimentResult, facts: _RunFacts, notes: list[str]):
     return spec
 
 
-def _last_error(log_file: Path | None, exit_info: dict | None) -> str | None:
-    line = None
+def _last_error(log_file: Path | None, exit_info: dict | None) -> tuple[str | None, str | None]:
+    """(failure class, line) of a run: the log's line of its most specific known cause,
+    or its last error line; exit.json's reason (trainbench's own launcher: disk full, a
+    killed rank or launcher) comes first."""
+    cls, line = None, None
     if log_file is not None and log_file.is_file():
-        line = find_last_error(log_file)
+        cls, line = find_failure(log_file)
     if exit_info and exit_info.get("reason"):
         reason = str(exit_info["reason"])
+        cls = classify_failure(reason) or cls
         if exit_info.get("executor") == "local":
-            return reason  # the local launcher already named the cause, from every rank
+            return cls, reason  # the local launcher already named the cause, from every rank
         line = f"{reason} ({line})" if line and line not in reason else reason
-    return line
+    return cls, line
 
 
-def _comparability(result: ExperimentResult, facts: _RunFacts) -> None:
+def _comparability(result: ExperimentResult, facts: _RunFacts, scan: LogScan) -> None:
     features = (facts.plan or {}).get("features") or {}
     if features.get("profile"):
         result.comparable = False
@@ -469,6 +503,10 @@ def _comparability(result: ExperimentResult, facts: _RunFacts) -> None:
             result.comparable = False
             result.notes.append("profiling run (by its name): not valid for performance "
                                 "comparison")
+        elif scan.profiled:
+            result.comparable = False
+            result.notes.append(f"profiled run (the log says `{scan.profiled[:120]}`): not "
+                                "valid for performance comparison")
 
 
 def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str | None]:
@@ -494,7 +532,7 @@ def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str
 
 
 def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: str,
-                    facts: _RunFacts) -> None:
+                    facts: _RunFacts, window_given: bool = False) -> None:
     records = scan.records
     peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes]
     if scan.peak_memory_bytes:
@@ -503,7 +541,19 @@ def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: s
         result.peak_memory_gib = max(peaks) / 2**30
     if result.window is None or not records or result.status in (FAILED, INVALID):
         return
-    stats = metrics.window_stats({r.iteration: r.step_time_s for r in records}, result.window)
+    times = {r.iteration: r.step_time_s for r in records}
+    stats = metrics.window_stats(times, result.window)
+    if stats is None and not window_given:
+        # An excerpt of a long run: the window scaled to its planned length holds none of
+        # the steps the log has, so the steps present are used, and the note says so.
+        first, last = records[0].iteration, records[-1].iteration
+        result.notes.append(
+            f"the default window {result.window_start}-{result.window_end} (scaled to "
+            f"{result.total_iterations} planned iterations) holds none of the logged "
+            f"iterations {first}-{last}: the {len(records)} step(s) present are used; pass "
+            f"--window {first}-{last} (or another range of them) to choose")
+        result.window_start, result.window_end = first, last
+        stats = metrics.window_stats(times, result.window)
     if stats is None:
         result.notes.append(f"no step in window {result.window_start}-{result.window_end}")
         return
@@ -612,7 +662,7 @@ def summarize_paths(paths: list[str | Path], **options) -> list[ExperimentResult
         scan = None
         if not certain:
             scan = scan_log(path)
-            if not scan.records:
+            if not (scan.records or scan.recognised or scan.step_like_lines >= 3):
                 continue  # a batch script's output, not a training log
         results.append(summarize_experiment(path, scan=scan, **options))
     return results
