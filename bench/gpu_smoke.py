@@ -82,7 +82,10 @@ def main() -> None:
         print(f"{dtype:<6}{gpus:>5}  {device[:27]:<28}{r.status:<11}"
               f"{fmt(r.step_time_mean_s, '.3f'):>9}{fmt(pred, '.3f'):>9}"
               f"{fmt(r.tokens_per_s, ',.0f'):>11}{fmt(r.tflops_per_gpu, '.1f'):>11}"
-              f"{fmt(r.mfu_pct, '.1f'):>7}%{fmt(r.peak_memory_gib, '.1f'):>9}")
+              f"{'INVALID' if r.mfu_problem else fmt(r.mfu_pct, '.1f') + '%':>8}"
+              f"{fmt(r.peak_memory_gib, '.1f'):>9}")
+        if r.mfu_problem:
+            print(f"      {r.mfu_problem}")
 
 
 if __name__ == "__main__":
