@@ -1,0 +1,72 @@
+"""Build every H100 seed row at its real size, rank by rank, and compare with predict.
+
+For each of the 79 H100 recipe rows, rank 0 and the last rank (the first and the last
+pipeline stage: the embedding and the output head) are built with the engine's own code
+on the meta device under a fake process group of the row's world size
+(`trainbench check`'s path), and the model state each holds (sharded fp32 master weights,
+gradients, the two AdamW moments, and under PP the gathered weights and fp32 gradients a
+stage keeps all step) is printed beside `trainbench predict`'s figure for the same
+pipeline rank (--sharding engine) and predict's whole-peak figure for the plan.
+
+    python bench/check_all_rows.py [--ranks first-last|default] [--only SUBSTRING]
+
+One line per row; the last line counts rows that built, failed, and whose model state
+differs from predict's by more than 10%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+GIB = 1024 ** 3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", choices=("first-last", "default"), default="first-last",
+                        help="first-last: rank 0 and the last rank; default: check's default "
+                             "(the first and last rank of every pipeline stage)")
+    parser.add_argument("--only", default="", help="rows whose 'workload size dtype gpus' "
+                                                   "contains this text")
+    args = parser.parse_args()
+
+    from trainbench.catalog import recipes
+    from trainbench.check.cli import check_plan, default_ranks
+    from trainbench.plan import build_plan
+    from trainbench.predict.memory import predict_memory
+
+    rows = [r for r in recipes.RECIPES if r.gpu_type == "h100"
+            and args.only in f"{r.workload} {r.size} {r.dtype} {r.gpus}"]
+    built = failed = off = 0
+    start_all = time.perf_counter()
+    for row in rows:
+        plan = build_plan(row.workload, row.size, row.dtype, row.gpus, "h100")
+        ranks = default_ranks(plan) if args.ranks == "default" else sorted({0, plan.gpus - 1})
+        start = time.perf_counter()
+        data = check_plan(plan, ranks)
+        secs = time.perf_counter() - start
+        peak = predict_memory(plan, sharding="engine").total / GIB
+        label = f"{row.workload} {row.size} {row.dtype} {row.gpus:>4} {plan.layout.describe():<22}"
+        errors = [r for r in data["ranks"] if r.get("error")]
+        if errors:
+            failed += 1
+            print(f"{label} FAILED rank {errors[0]['rank']}: {errors[0]['error']}", flush=True)
+            continue
+        built += 1
+        worst = max(data["ranks"], key=lambda r: r["built_model_state_bytes"])
+        pred = worst["predicted"]["model_state"] / GIB if worst["predicted"] else float("nan")
+        gap = worst["model_state_gap_pct"]
+        off += gap is None or abs(gap) > 10
+        print(f"{label} ranks {','.join(str(r['rank']) for r in data['ranks'])}: built model "
+              f"state {worst['built_model_state_bytes'] / GIB:7.2f} GiB (rank {worst['rank']}), "
+              f"predicted {pred:7.2f} GiB ({'-' if gap is None else f'{gap:+.1f}%'}); "
+              f"predicted peak {peak:6.1f} GiB; {secs:5.1f} s", flush=True)
+    print(f"{len(rows)} rows: {built} built, {failed} failed, {off} with model state more "
+          f"than 10% from predict's; {time.perf_counter() - start_all:.0f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

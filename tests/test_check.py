@@ -1,0 +1,166 @@
+"""`trainbench check`: seed rows built at their real size, rank by rank, on the meta device
+under a fake process group, with the engine's own Trainer.build_model.
+
+The parameters of one complete TP x PP slice (every tensor- and pipeline-parallel rank
+at dp = cp = 0) must add up to the model's parameter count from the catalog's formula,
+which tests/test_models.py checks against the full model counted on meta. A TP plan that
+forgets to shard a weight, or a pipeline split that drops or repeats a layer, breaks the
+sum.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainbench.catalog.models import parameter_count
+from trainbench.check.cli import default_ranks, parse_ranks
+from trainbench.plan import build_plan
+
+TRAINBENCH = [sys.executable, "-m", "trainbench.cli"]
+
+
+def _plan(workload, size, dtype, gpus):
+    return build_plan(workload, size, dtype, gpus, "h100")
+
+
+def _slice_ranks(plan) -> list[int]:
+    """Every (pp, tp) coordinate at dp = cp = 0; the mesh is (pp, dp, cp, tp), tp fastest."""
+    lay = plan.layout
+    return [pp * lay.tp * lay.cp * lay.dp + tp for pp in range(lay.pp) for tp in range(lay.tp)]
+
+
+def _slice_total(results: list[dict]) -> int:
+    """Parameters of a TP x PP slice: each rank's TP shard, with what is replicated over TP
+    (norm gains, biases) counted once per pipeline rank."""
+    total = 0
+    for r in results:
+        assert r["error"] is None, r
+        total += r["params_tp_local"] - r["params_tp_replicated"]
+        if r["tp"] == 0:
+            total += r["params_tp_replicated"]
+    return total
+
+
+def _check_slice(workload, size, dtype, gpus):
+    from trainbench.check.build import check_ranks
+    plan = _plan(workload, size, dtype, gpus)
+    results = check_ranks(plan, _slice_ranks(plan))
+    assert _slice_total(results) == parameter_count(plan.model)
+    # What a rank holds is its TP shard cut over dp x cp by FSDP: never more than a
+    # share rounded up per parameter, never nothing.
+    shards = plan.layout.dp * plan.layout.cp
+    for r in results:
+        assert 0 < r["params_local"] <= r["params_tp_local"]
+        assert r["params_local"] * shards >= r["params_tp_local"] - 1_000_000 * shards
+        assert r["param_bytes"] == 4 * r["params_local"]  # fp32 master weights
+    return plan, results
+
+
+# The representative rows of issue 15, from the quickest to the slowest (build time on a
+# 2-core machine: about 1 s per rank for the 8B, 15 s for a rank of Nemotron-4 340B VP12,
+# whose 12 virtual stages each copy the full meta model).
+@pytest.mark.parametrize("row", [
+    ("pretrain_llama3.1", "8b", "bf16", 8),       # TP1 PP1 CP2 DP4
+    ("pretrain_llama2", "70b", "bf16", 64),       # FSDP over 64 ranks
+])
+def test_tp_pp_slice_adds_up_to_the_model(row):
+    _check_slice(*row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", [
+    ("pretrain_llama3.1", "70b", "bf16", 64),     # TP4 PP4 CP2 VP5: 16 ranks
+    ("pretrain_nemotronh", "56b", "fp8", 32),     # TP8, FP8 conversion: 8 ranks
+    ("pretrain_llama3.1", "405b", "bf16", 512),   # TP8 PP8 CP2 VP8: 64 ranks
+    ("pretrain_nemotron4", "340b", "bf16", 128),  # TP8 PP8 VP12: 64 ranks
+])
+def test_tp_pp_slice_adds_up_to_the_model_slow(row):
+    plan, results = _check_slice(*row)
+    if plan.layout.pp > 1:
+        # Each pipeline rank's TP ranks hold the same layers.
+        by_pp = {}
+        for r in results:
+            by_pp.setdefault(r["pp"], set()).add(json.dumps(r["stages"]))
+        assert all(len(v) == 1 for v in by_pp.values())
+
+
+def test_fsdp_shards_of_one_replica_add_up_to_the_model():
+    """8B on 8 ranks is TP1 PP1 CP2 DP4: FSDP shards the whole model over all 8, so the
+    parameters the 8 ranks hold add up to the model exactly (no padding counted)."""
+    from trainbench.check.build import check_ranks
+    plan = _plan("pretrain_llama3.1", "8b", "bf16", 8)
+    results = check_ranks(plan, list(range(8)))
+    assert all(r["error"] is None for r in results)
+    assert sum(r["params_local"] for r in results) == parameter_count(plan.model)
+    assert {r["params_unsharded"] for r in results} == {parameter_count(plan.model)}
+
+
+def test_default_ranks_are_the_ends_of_every_stage():
+    plan = _plan("pretrain_llama3.1", "405b", "bf16", 512)  # 64 ranks per pipeline stage
+    assert default_ranks(plan) == sorted({64 * s for s in range(8)}
+                                         | {64 * s + 63 for s in range(8)})
+    plan = _plan("pretrain_llama3.1", "8b", "bf16", 8)
+    assert default_ranks(plan) == [0, 7]
+
+
+def test_parse_ranks():
+    assert parse_ranks("0,7, 64-66", 512) == [0, 7, 64, 65, 66]
+    assert parse_ranks("all", 4) == [0, 1, 2, 3]
+    for bad in ("512", "x", "3-", ""):
+        with pytest.raises(ValueError, match="--ranks"):
+            parse_ranks(bad, 512)
+
+
+def _cli(*args, timeout=900):
+    return subprocess.run([*TRAINBENCH, "check", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--ranks", "512"], "ranks must be in 0-511"),
+    (["--format", "xml"], "unknown --format"),
+    (["--gpu", "cpu"], "not cpu"),
+    (["--set", "tp=3"], "TP=3"),
+])
+def test_bad_input_is_one_line(args, words):
+    proc = _cli("-w", "pretrain_llama3.1", "-s", "405b", "--scale", "512", *args, timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("trainbench: error:"), proc.stderr
+    assert words in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_json_for_the_405b_default_ranks():
+    proc = _cli("-w", "pretrain_llama3.1", "-s", "405b", "--scale", "512", "--gpu", "h100",
+                "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert data["layout"] == "TP8 PP8 CP2 DP4 VP8"
+    ranks = data["ranks"]
+    assert [r["rank"] for r in ranks] == sorted({64 * s for s in range(8)}
+                                                | {64 * s + 63 for s in range(8)})
+    # NeMo's split of 126 layers over 64 virtual stages (the embedding and the loss each
+    # take a layer's place): stages 0 and 63 hold one layer, the rest two, so pipeline
+    # ranks 0 and 7 hold 15 layers and the others 16.
+    for r in ranks:
+        assert r["error"] is None
+        layers = [i for s in r["stages"] for i in s["layers"]]
+        assert len(layers) == (15 if r["pp"] in (0, 7) else 16)
+        assert len(r["stages"]) == 8
+        assert any(s["embedding"] for s in r["stages"]) == (r["pp"] == 0)
+        assert any(s["output"] for s in r["stages"]) == (r["pp"] == 7)
+        assert r["param_bytes"] > 0 and r["optimizer_bytes"] == 2 * r["param_bytes"]
+        assert r["predicted"]["total"] > r["built_model_state_bytes"] > 0
+    # Every layer appears on exactly one pipeline rank.
+    first_of_stage = [r for r in ranks if r["rank"] % 64 == 0]
+    all_layers = sorted(i for r in first_of_stage for s in r["stages"] for i in s["layers"])
+    assert all_layers == list(range(126))
+    # One rank per pipeline stage stands for the whole model (the unsharded counts).
+    assert sum(r["params_unsharded"] for r in first_of_stage) == parameter_count(
+        _plan("pretrain_llama3.1", "405b", "bf16", 512).model)
