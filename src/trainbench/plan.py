@@ -16,7 +16,11 @@ from pathlib import Path
 from .catalog import hardware, recipes
 from .catalog.models import ModelSpec, get_model
 
-DTYPES = ("bf16", "fp8", "fp32")
+DTYPES = ("bf16", "fp8", "fp32", "mxfp8")
+FP8_DTYPES = ("fp8", "mxfp8")
+"""Dtypes whose linear layers run FP8 GEMMs through torchao (engine/parallel/float8.py).
+mxfp8 is block-scaled FP8 (one power-of-two scale per 32 values): Blackwell tensor cores,
+and on a CPU torchao's emulation; it runs the fp8 recipe rows' layouts."""
 FP8_RECIPES = ("tensorwise", "rowwise")
 """torchao float8 scaling for --dtype fp8 (engine/parallel/float8.py); tensorwise first,
 the default: NeMo's FP8 "current scaling"."""
@@ -296,14 +300,16 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         except LookupError as err:
             if peak_tflops is None:
                 raise PlanError([str(err)]) from None
+    # MXFP8 has no published recipe: it runs the FP8 recipe's layout.
+    row_dtype = "fp8" if dtype == "mxfp8" else dtype
     try:
-        row = recipes.find_row(workload, size, dtype, scale, gpu_type)
+        row = recipes.find_row(workload, size, row_dtype, scale, gpu_type)
     except LookupError as err:
         if not any(k in overrides for k in ("tp", "pp", "cp", "dp")):
             raise PlanError([str(err)]) from None
         # A layout given in full with --set needs no recipe row at this scale: start
         # from the nearest row and let validation check the result.
-        rows = recipes.rows_for(workload, size, dtype)
+        rows = recipes.rows_for(workload, size, row_dtype)
         if not rows:
             raise PlanError([str(err)]) from None
         row = min(rows, key=lambda r: abs(r.gpus - scale))
@@ -450,6 +456,10 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
     # GPU path, checked in tests, with no performance meaning (no MFU).
     if plan.dtype == "fp8" and gpu is not None and gpu.peak("fp8") is None:
         p.append(f"{gpu.name} has no FP8 tensor cores; use --dtype bf16")
+    if plan.dtype == "mxfp8" and gpu is not None and gpu.peak("mxfp8") is None:
+        p.append(f"{gpu.name} has no MXFP8 (block-scaled FP8) tensor cores, only Blackwell "
+                 "GPUs do (B200, B300, GB200, GB300); use --dtype "
+                 + ("fp8" if gpu.peak("fp8") else "bf16"))
     if plan.fp8_recipe not in FP8_RECIPES:
         p.append(f"fp8_recipe {plan.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)}")
     elif plan.fp8_recipe != FP8_RECIPES[0] and plan.dtype != "fp8":

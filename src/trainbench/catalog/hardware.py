@@ -14,7 +14,12 @@ class GPU:
     key: str
     name: str
     peak_tflops: dict[str, float]
-    """Dense peak per dtype: 'bf16', 'fp8', 'nvfp4' where the device has it."""
+    """Dense peak per dtype: 'bf16', 'fp8', 'mxfp8', 'nvfp4' where the device has it.
+
+    A dtype is runnable exactly where it has a peak here: FP8 from Hopper (and MI300X) on,
+    MXFP8 and NVFP4 (block-scaled formats) on Blackwell only. Blackwell runs MXFP8 at its
+    FP8 rate (the block scales are applied inside the tensor-core MMA), so 'mxfp8' repeats
+    the FP8 figure of ../shared/reference/hardware.md."""
     memory_gb: float
     hbm_tbs: float
     nvlink_gbs: float
@@ -42,14 +47,22 @@ GPUS: dict[str, GPU] = {
                 name_patterns=("H100",)),
     "h200": GPU("h200", "H200 SXM", {"bf16": 989, "fp8": 1979}, 141, 4.8, 900, 8,
                 name_patterns=("H200",)),
-    "b200": GPU("b200", "B200", {"bf16": 2250, "fp8": 4500, "nvfp4": 9000}, 180, 8, 1800, 8,
+    "b200": GPU("b200", "B200",
+                {"bf16": 2250, "fp8": 4500, "mxfp8": 4500, "nvfp4": 9000},
+                180, 8, 1800, 8,
                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("B200",)),
-    "b300": GPU("b300", "B300", {"bf16": 2250, "fp8": 4500, "nvfp4": 13500}, 270, 8, 1800, 8,
+    "b300": GPU("b300", "B300",
+                {"bf16": 2250, "fp8": 4500, "mxfp8": 4500, "nvfp4": 13500},
+                270, 8, 1800, 8,
                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("B300",)),
-    "gb200": GPU("gb200", "GB200", {"bf16": 2450, "fp8": 4900, "nvfp4": 9800}, 186, 8, 1800, 4,
+    "gb200": GPU("gb200", "GB200",
+                 {"bf16": 2450, "fp8": 4900, "mxfp8": 4900, "nvfp4": 9800},
+                 186, 8, 1800, 4,
                  network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("GB200",),
                  nvlink_domain=72),
-    "gb300": GPU("gb300", "GB300", {"bf16": 2450, "fp8": 4900, "nvfp4": 14700}, 279, 8, 1800, 4,
+    "gb300": GPU("gb300", "GB300",
+                 {"bf16": 2450, "fp8": 4900, "mxfp8": 4900, "nvfp4": 14700},
+                 279, 8, 1800, 4,
                  network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("GB300",),
                  nvlink_domain=72),
     "mi300x": GPU("mi300x", "MI300X", {"bf16": 1307, "fp8": 2615}, 192, 5.3, 896, 8,

@@ -24,14 +24,15 @@ import torch.nn.functional as F
 
 from .. import flops as flops_mod
 from ..launch.experiment import METRICS_FILE, RUN_FILE, log_file_name
-from ..plan import Plan
+from ..plan import FP8_DTYPES, Plan
 from . import data
 from .log import StepMetrics, format_step_line
 from .optim import build_optimizer, lr_at
 from .parallel import clip_grad_norm_
 from .parallel.mesh import ParallelDims
 
-COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "fp32": torch.float32}
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16,
+                  "fp32": torch.float32}
 CPU_FP8_NO_MFU = ("MFU not applicable: FP8 on a CPU is an emulation (torch._scaled_mm in "
                   "software) run for correctness, not a performance figure")
 
@@ -149,7 +150,7 @@ class Trainer:
         self.build_model()
         self.optimizer = build_optimizer(self.model, self.plan.lr)
         self.fp8_info = None
-        if self.plan.dtype == "fp8":
+        if self.plan.dtype in FP8_DTYPES:
             from .parallel.float8 import summary
             self.fp8_info = summary(self.model_parts, self.plan, dist.get_backend())
         spec = self.plan.model
@@ -157,7 +158,7 @@ class Trainer:
         from .parallel import single_rank_without_fsdp
         from .peak import resolve_peak
         self.mfu_not_applicable = None
-        if self.plan.dtype == "fp8" and self.device.type == "cpu":
+        if self.plan.dtype in FP8_DTYPES and self.device.type == "cpu":
             # No CPU has FP8 arithmetic: torch._scaled_mm emulates it, so a CPU FP8 run
             # checks numerics and its speed measures nothing an MFU could compare.
             self.mfu_not_applicable = CPU_FP8_NO_MFU
@@ -379,7 +380,7 @@ class Trainer:
                                     pp_mesh=self.dims["pp"] if self.dims.pp_enabled else None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.plan.dtype == "fp8":
+        if self.plan.dtype in FP8_DTYPES:
             from .parallel.float8 import after_optimizer_step
             after_optimizer_step(self.model_parts, self.plan, dist.get_backend())
         self.synchronize()

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from ...plan import Plan
+from ...plan import FP8_DTYPES, Plan
 from .mesh import ParallelDims
 
 
@@ -38,12 +38,12 @@ def single_rank_without_fsdp(plan: Plan) -> bool:
     autocast instead. (FP8 keeps FSDP: its bf16 compute comes from FSDP's mixed-precision
     policy on every layout, one rank included, so one FP8 process is the reference the
     parallel FP8 layouts are compared with.)"""
-    return plan.gpus == 1 and plan.dtype != "fp8"
+    return plan.gpus == 1 and plan.dtype not in FP8_DTYPES
 
 
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
                 compute_dtype: torch.dtype) -> nn.Module:
-    if plan.dtype == "fp8":
+    if plan.dtype in FP8_DTYPES:
         from . import float8
         float8.convert(model, plan, dist.get_backend() if dist.is_initialized() else "gloo")
     if dims.tp_enabled:

@@ -24,19 +24,35 @@ from ...plan import Plan
 
 FP8_DIM_MULTIPLE = 16
 """FP8 GEMMs (cuBLAS/CUTLASS _scaled_mm) need both weight dimensions to be multiples of 16."""
+MX_BLOCK = 32
+"""MXFP8 scales blocks of 32 values along the contraction dimension, which is each weight
+dimension in turn (forward, input gradient, weight gradient)."""
 
 
 def _require_torchao():
+    import logging
+
+    import torch
+    # torchao's wheel carries CUDA kernels (_C*.so) and warns on import for each one that
+    # cannot load; a CPU uses none of them, so the warnings would only alarm. On a GPU
+    # they stay: a kernel that fails to load there matters.
+    quiet = not torch.cuda.is_available()
+    log = logging.getLogger("torchao")
+    level = log.level
+    if quiet:
+        log.setLevel(logging.ERROR)
     try:
         import torchao.float8  # noqa: F401
     except ImportError:
         raise RuntimeError("--dtype fp8 needs torchao: pip install 'trainbench[fp8]'") from None
+    finally:
+        log.setLevel(level)
 
 
 def float8_all_gather(plan: Plan, backend: str) -> bool:
     """FSDP2 all-gathers FP8 weights only with tensorwise scaling (torchao supports no
     other) and only on NCCL (gloo has no float8 collectives)."""
-    return plan.fp8_recipe == "tensorwise" and backend == "nccl"
+    return plan.dtype == "fp8" and plan.fp8_recipe == "tensorwise" and backend == "nccl"
 
 
 def float8_config(plan: Plan, backend: str):
@@ -47,20 +63,43 @@ def float8_config(plan: Plan, backend: str):
     return Float8LinearConfig.from_recipe_name(plan.fp8_recipe)
 
 
-def eligible(module: nn.Module, fqn: str, tp: int = 1) -> bool:
+def eligible(module: nn.Module, fqn: str, tp: int = 1, multiple: int = FP8_DIM_MULTIPLE) -> bool:
     """Whether a layer runs in FP8: a Linear other than the output head whose dimensions,
-    after a TP split of up to `tp` ways, stay multiples of 16."""
-    multiple = FP8_DIM_MULTIPLE * tp
+    after a TP split of up to `tp` ways, stay multiples of `multiple` (16; 32 for MXFP8)."""
+    multiple *= tp
     return (isinstance(module, nn.Linear) and fqn.rsplit(".", 1)[-1] != "output"
             and module.in_features % multiple == 0 and module.out_features % multiple == 0)
 
 
 def convert(model: nn.Module, plan: Plan, backend: str) -> None:
-    """Convert `model` (on the meta device, before TP and FSDP) in place."""
-    from torchao.float8 import convert_to_float8_training
+    """Convert `model` (on the meta device, before TP and FSDP) in place, and mark the
+    converted layers (`lowp_linear`) for run.json."""
+    _require_torchao()
     tp = plan.layout.tp
-    convert_to_float8_training(model, config=float8_config(plan, backend),
-                               module_filter_fn=lambda m, fqn: eligible(m, fqn, tp))
+    if plan.dtype == "mxfp8":
+        chosen = [m for name, m in model.named_modules() if eligible(m, name, tp, MX_BLOCK)]
+        convert_mxfp8(model, backend, lambda m, fqn: eligible(m, fqn, tp, MX_BLOCK))
+    else:
+        from torchao.float8 import convert_to_float8_training
+        convert_to_float8_training(model, config=float8_config(plan, backend),
+                                   module_filter_fn=lambda m, fqn: eligible(m, fqn, tp))
+        chosen = [m for m in model.modules() if is_float8_linear(m)]
+    for module in chosen:
+        module.lowp_linear = True
+
+
+def convert_mxfp8(model: nn.Module, backend: str, module_filter) -> None:
+    """torchao's MX training (prototype in 0.18): each chosen Linear's weight becomes a
+    wrapper tensor whose matmuls quantise both operands to MXFP8 (e4m3 values, e8m0
+    block scales rounded up, RCEIL) in forward and backward. Blackwell runs the real
+    kernels; elsewhere (a CPU) torchao's emulation, which quantises and dequantises in
+    PyTorch and multiplies in bf16: the same numbers, none of the speed."""
+    from torchao.prototype.moe_training.config import (MXFP8TrainingOpConfig,
+                                                       MXFP8TrainingRecipe)
+    from torchao.quantization import quantize_
+    recipe = (MXFP8TrainingRecipe.MXFP8_RCEIL if backend == "nccl"
+              else MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL)
+    quantize_(model, MXFP8TrainingOpConfig.from_recipe(recipe), filter_fn=module_filter)
 
 
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
@@ -68,11 +107,13 @@ def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
     converted, kept = 0, []
     for part in model_parts:
         for name, module in part.named_modules():
-            if is_float8_linear(module):
+            if getattr(module, "lowp_linear", False):
                 converted += 1
             elif isinstance(module, nn.Linear):
                 kept.append(name)
-    return {"recipe": plan.fp8_recipe, "fsdp_float8_all_gather": float8_all_gather(plan, backend),
+    recipe = "mxfp8 (e4m3, 32-value blocks, RCEIL scales)" if plan.dtype == "mxfp8" \
+        else plan.fp8_recipe
+    return {"recipe": recipe, "fsdp_float8_all_gather": float8_all_gather(plan, backend),
             "float8_linears": converted, "kept_in_bf16": kept,
             "float8_tp_styles": plan.layout.tp > 1 and float8_tp_comms(plan, backend),
             "emulated": backend != "nccl"}
@@ -90,7 +131,7 @@ def float8_tp_comms(plan: Plan, backend: str) -> bool:
     """torchao's Float8 TP styles: tensorwise scaling only, and NCCL only (they move FP8
     tensors through collectives, e.g. the sequence-parallel gradient all-gather in
     backward, which gloo refuses with `Invalid scalar type`)."""
-    return plan.fp8_recipe == "tensorwise" and backend == "nccl"
+    return plan.dtype == "fp8" and plan.fp8_recipe == "tensorwise" and backend == "nccl"
 
 
 def tp_style(style, module: nn.Module, plan: Plan, backend: str):
@@ -120,7 +161,7 @@ def tp_style(style, module: nn.Module, plan: Plan, backend: str):
 def after_optimizer_step(model_parts: list[nn.Module], plan: Plan, backend: str) -> None:
     """With FP8 all-gather, each weight's scale is computed once after the optimizer step
     (one all-reduce for all of them) instead of inside every all-gather."""
-    if plan.dtype == "fp8" and float8_all_gather(plan, backend):
+    if float8_all_gather(plan, backend):
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
         for part in model_parts:
             precompute_float8_dynamic_scale_for_fsdp(part)

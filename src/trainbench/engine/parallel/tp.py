@@ -175,7 +175,7 @@ def with_float8_styles(model: nn.Module, styles: dict[str, ParallelStyle],
                        plan: Plan) -> dict[str, ParallelStyle]:
     """Module name -> style, with torchao's Float8 TP styles for the layers FP8 converted
     (parallel/float8.py); the same dict when the run is not FP8."""
-    if plan.dtype != "fp8":
+    if plan.dtype != "fp8":  # MXFP8 layers take the plain styles (bf16 TP traffic)
         return styles
     import torch.distributed as dist
 
