@@ -32,7 +32,8 @@ def tree(tmp_path) -> Path:
                                    "peak_source": "measured GEMM", "world_size": 2},
                    exit_json={"exit_code": 0, "reason": "completed"})
     for sub in ("nemo2/experiments/pretrain_llama3.1_8b_bf16_8",
-                "nemo2/experiments/pretrain_llama3.1_70b_bf16_64", "nemo1", "maxtext"):
+                "nemo2/experiments/pretrain_llama3.1_70b_bf16_64", "nemo1/results",
+                "maxtext/results"):
         shutil.copytree(LOGS / sub, root / sub)
     return root
 
@@ -129,8 +130,9 @@ def test_missing_path_and_empty_tree(tmp_path):
 
 
 def test_foreign_log_options_on_the_command_line():
-    res = invoke("results", str(LOGS / "megatron"), "-w", "pretrain_llama3.1", "-s", "8b",
-                 "--dtype", "fp8", "--scale", "8", "--format", "json")
+    res = invoke("results", str(LOGS / "megatron" / "megatron-bridge-llama3-8b.log"), "-w",
+                 "pretrain_llama3.1", "-s", "8b", "--dtype", "fp8", "--scale", "8",
+                 "--format", "json")
     (row,) = json.loads(res.stdout)["experiments"]
     assert (row["format"], row["gpus"], row["ref_step_time_s"]) == ("megatron", 8, 9.33)
 
@@ -171,3 +173,38 @@ def test_importing_the_results_commands_imports_neither_torch_nor_matplotlib():
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_unknown_formats_are_unrecognised_and_left_out_of_the_success_rate(tmp_path):
+    """Issue 16, defects 1 and 4: a Megatron-DeepSpeed log under a name that is not
+    log-*.out is found and read; a nanochat log is listed as Unrecognised, not Failed, the
+    success rate counts the readable runs only, and one line names the formats read."""
+    root = tmp_path / "mixed"
+    root.mkdir()
+    for src in ("megatron/arguments-dump.log",
+                "megatron-deepspeed/bigscience-tr11-176b-excerpt.log",
+                "nanochat/base-train.log"):
+        shutil.copy(LOGS / src, root / Path(src).name)
+    res = invoke("results", str(root), "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["summary"] == {"experiments": 3, "success": 1, "incomplete": 1, "failed": 0,
+                               "invalid": 0, "unrecognised": 1, "success_rate_pct": 50.0}
+    status = {r["name"]: r["status"] for r in data["experiments"]}
+    assert status == {"arguments-dump": "Success", "bigscience-tr11-176b-excerpt": "Incomplete",
+                      "base-train": "Unrecognised"}
+    out = invoke("results", str(root)).stdout
+    assert ("3 experiment(s): 1 Success, 1 Incomplete, 0 Failed, 0 Invalid, 1 Unrecognised; "
+            "success rate 50% (1/2 readable)") in out
+    assert ("1 log(s) in a format trainbench does not read, left out of the success rate; "
+            "formats read: trainbench, NeMo 2, NeMo 1 (progress bars), Megatron-LM / "
+            "Megatron-Bridge, Megatron-DeepSpeed, MaxText, torchtitan") in out
+
+
+def test_failure_class_and_line_in_the_table(tmp_path):
+    """Issue 16, defect 5: the detail line names the class and the line."""
+    shutil.copy(LOGS / "failures" / "slurm-time-limit.log", tmp_path / "log-job.out")
+    out = invoke("results", str(tmp_path)).stdout
+    assert ("job: Failed (Slurm time limit): stopped at iteration 182 of 0..249999: "
+            "slurmstepd: error: *** JOB 1407993 ON node001 CANCELLED AT 2024-11-21T10:02:44 "
+            "DUE TO TIME LIMIT ***") in out

@@ -280,3 +280,186 @@ def test_exception_line_preferred_over_traceback_header(tmp_path):
 
 def test_no_error_line(tmp_path):
     assert find_last_error(write(tmp_path / "x.log", [NCCL] * 10)) is None
+
+
+# --- issue 16: real and faithfully reconstructed logs (sources in tests/data/logs/README.md) ---
+
+def test_megatron_deepspeed_prints_seconds():
+    """Defect 1: `elapsed time per iteration (s): 106.46` is 106.46 s, not ms; the
+    `[default7]:` prefix and the `TFLOPs:` figure are read."""
+    scan = scan_log(LOGS / "megatron-deepspeed" / "bigscience-tr11-176b-excerpt.log")
+    assert scan.format == "megatron-deepspeed"
+    assert [r.iteration for r in scan.records] == [31213, 31214, 31215, 31216, 31217]
+    assert [r.step_time_s for r in scan.records] == [106.46, 105.90, 106.40, 106.33, 107.53]
+    assert [r.tflops_per_gpu for r in scan.records] == [147.29, 148.06, 147.37, 147.46, 145.82]
+    assert scan.total_iterations == 115311 and scan.records[0].global_batch_size == 2048
+
+
+def test_nemo1_nan_dot_zero_and_rounded_global_step():
+    """Defect 2: `reduced_train_loss=nan.0` is a NaN loss; `global_step=9e+3` (three
+    significant digits) does not merge five steps into one: the bar's count keys them.
+    Lightning's running `loss=nan` in the same bar is not the step's loss."""
+    scan = scan_log(LOGS / "nemo1" / "nan-loss-progress-bar.log")
+    assert scan.format == "nemo1"
+    assert [r.iteration for r in scan.records] == [8993, 8994, 8995, 8996, 8997, 8998]
+    assert [r.loss for r in scan.records[:5]] == [3.110, 3.090, 3.120, 3.080, 3.100]
+    assert math.isnan(scan.records[-1].loss) and scan.records[-1].nonfinite_field() == "loss"
+    assert scan.total_iterations == 20000
+
+
+def test_nemo2_epochs_are_keyed_on_the_global_step():
+    """Defect 3: `iteration` restarts each epoch, `global_step` does not; the run length
+    is the echoed max_steps, not one epoch's `/9`."""
+    scan = scan_log(LOGS / "nemo2" / "multi-epoch-config-echo.log")
+    assert [r.iteration for r in scan.records] == list(range(30))
+    assert scan.total_iterations == 30
+    assert [r.loss for r in scan.records[9:12]] == pytest.approx([10.05, 10.0, 9.95])
+
+
+def test_glued_rank_lines_keep_the_peak_and_prefixed_lines_are_read():
+    """Defect 6: two ranks' memory reports glued on one line give the larger peak
+    (26880 MB, not the second rank's 26804); `1:`-prefixed iteration lines are read."""
+    scan = scan_log(LOGS / "megatron" / "interleaved-ranks.log")
+    assert scan.peak_memory_bytes == 26880 * 2**20
+    assert [r.step_time_s for r in scan.records] == pytest.approx(
+        [131.0204, 126.9953, 125.5537, 127.8045])
+
+
+def test_every_rank_printing_a_step_counts_once():
+    """Defect 6: torchtitan's ranks each print step 5; one record keeps their values."""
+    scan = scan_log(LOGS / "torchtitan" / "every-rank-prints.log")
+    assert [r.iteration for r in scan.records] == [4]  # step 4 opens the interval, no time
+    rec = scan.records[0]
+    assert rec.step_time_s == pytest.approx(19.145 - 17.508)
+    assert rec.loss == 7.07623 and rec.grad_norm == 46.5
+    assert rec.peak_memory_bytes == int(66.91 * 2**30)
+
+
+def test_glog_prefixed_maxtext_lines_and_facts():
+    """Defects 6 and 7: glog's `I0811 ... metric_logger.py:226]` prefix; Num_devices and
+    the config lines are facts."""
+    scan = scan_log(LOGS / "maxtext" / "profiled-nsys-glog.log")
+    assert [r.step_time_s for r in scan.records] == [41.002, 0.631, 10.228, 10.344]
+    assert scan.facts == {"world_size": 64, "gbs": 384, "tp": 1, "seq_len": 4096,
+                          "total_iterations": 4}
+
+
+def test_megatron_argument_dump_is_read_as_facts():
+    """Defect 7: the argument dump states world size, batch, sequence and layout."""
+    scan = scan_log(LOGS / "megatron" / "arguments-dump.log")
+    assert scan.facts == {"world_size": 8, "gbs": 128, "seq_len": 8192, "tp": 2, "pp": 2,
+                          "cp": 1, "total_iterations": 5, "log_interval": 1, "dtype": "bf16"}
+    assert scan.profiled is None  # `profile ... False`
+
+
+def test_nemo_config_echo_is_read_as_facts():
+    scan = scan_log(LOGS / "nemo2" / "multi-epoch-config-echo.log")
+    facts = {k: v for k, v in scan.facts.items() if not k.startswith("_")}
+    assert facts == {"world_size": 16, "total_iterations": 30, "tp": 2, "pp": 2, "cp": 1,
+                     "seq_len": 8192, "gbs": 128}
+
+
+@pytest.mark.parametrize("name, line", [
+    ("maxtext/profiled-nsys-glog.log", "Config param profiler: nsys"),
+    ("torchtitan/profiled-every-10-steps.log", "Dumping profiler traces at step 200"),
+])
+def test_profiling_is_seen_in_the_log(name, line):
+    """Defect 8: a profiled run is known by its log's lines, not only by its name."""
+    assert line in scan_log(LOGS / name).profiled
+
+
+def test_nsys_output_at_the_end_of_a_large_log(tmp_path):
+    """Defect 8: nsys names its report when the run ends, far past the head of a large
+    NCCL-traced log: the tail is searched for it."""
+    path = tmp_path / "run.out"
+    with open(path, "w") as fh:
+        fh.write("\n".join(nemo2_lines(20)) + "\n")
+        fh.write((NCCL + "\n") * 40000)  # ~7 MB of trace after the steps
+        fh.write("Generated:\n    /results/report1.nsys-rep\n")
+    scan = scan_log(path)
+    assert len(scan.records) == 20 and scan.profiled == "/results/report1.nsys-rep"
+
+
+def test_torchtitan_step_time_is_the_interval_between_logged_steps():
+    """Defect 9: torchtitan prints no step time; the timestamps of two logged steps give
+    it (1.118 s between steps 14 and 15), with loss, grad norm, memory and TFLOPS."""
+    scan = scan_log(LOGS / "torchtitan" / "rank0-every-step.log")
+    assert scan.format == "torchtitan"
+    assert [r.iteration for r in scan.records] == list(range(14, 21))
+    assert [r.step_time_s for r in scan.records] == pytest.approx(
+        [1.118, 1.121, 1.125, 1.119, 1.121, 1.127, 1.122])
+    first = scan.records[0]
+    assert (first.loss, first.grad_norm, first.tflops_per_gpu) == (3.10680, 0.8587, 0.53)
+
+
+def test_torchtitan_logging_every_ten_steps():
+    scan = scan_log(LOGS / "torchtitan" / "profiled-every-10-steps.log")
+    assert [r.iteration for r in scan.records] == [209, 219, 229, 239, 249]
+    assert scan.records[0].step_time_s == pytest.approx((64.970 - 50.322) / 10)
+
+
+def test_megatron_bridge_step_time_lines_alone():
+    """Defect 9: rank 0's output of Megatron-Bridge holds only `Step Time :` lines."""
+    scan = scan_log(LOGS / "megatron" / "bridge-step-time-only.log")
+    assert scan.format == "megatron"
+    assert [r.step_time_s for r in scan.records] == [30.02, 12.78, 12.80, 12.77, 12.79]
+    assert [r.tflops_per_gpu for r in scan.records] == [225.1, 528.1, 527.3, 528.5, 527.7]
+    assert any("Step Time" in note for note in scan.notes)
+
+
+def test_unknown_format_has_no_format_but_is_seen_as_training_lines():
+    """Defect 4: nanochat's step lines are in no registered format."""
+    scan = scan_log(LOGS / "nanochat" / "base-train.log")
+    assert scan.format is None and not scan.recognised and scan.step_like_lines == 4
+
+
+def test_a_format_is_one_registered_class(monkeypatch):
+    """Defect 9's design: adding a format is one LogFormat subclass in the registry; the
+    scanner needs no change. Here nanochat's `step 00001/01000 ... dt: 1102.51ms` lines."""
+    import re
+
+    from trainbench.results import parse
+
+    class NanoChat(parse.LogFormat):
+        name, title, markers = "nanochat", "nanochat", (b"| dt: ",)
+        line = re.compile(r"step (\d+)/(\d+) .*\| loss: ([\d.]+) .*\| dt: ([\d.]+)ms")
+
+        def read(self, text, state):
+            if m := self.line.search(text):
+                state.step(self.name, parse.StepRecord(
+                    int(m.group(1)), int(m.group(2)), step_time_s=float(m.group(4)) / 1000,
+                    loss=float(m.group(3))))
+
+    monkeypatch.setitem(parse.REGISTRY, "nanochat", NanoChat())
+    scan = scan_log(LOGS / "nanochat" / "base-train.log")
+    assert scan.format == "nanochat" and scan.total_iterations == 1000
+    assert [r.step_time_s for r in scan.records] == pytest.approx(
+        [24.18773, 1.10251, 1.09816, 1.09902])
+
+
+FAILURES = LOGS / "failures"
+
+
+@pytest.mark.parametrize("name, cls, text", [
+    ("cuda-oom", "CUDA out of memory", "torch.OutOfMemoryError: CUDA out of memory. Tried"),
+    ("nccl-timeout", "NCCL timeout", "ProcessGroupNCCL.cpp:"),
+    ("nccl-error", "NCCL error", "ncclSystemError"),
+    ("segfault", "segmentation fault", "failed (exitcode: -11)"),
+    ("rank-killed", "rank killed", "Signal 9 (SIGKILL)"),
+    ("node-failure", "node failure", "DUE TO NODE FAILURE"),
+    ("slurm-time-limit", "Slurm time limit", "DUE TO TIME LIMIT"),
+    ("slurm-cancelled", "Slurm cancelled", "CANCELLED AT 2024-11-21T10:02:44 ***"),
+])
+def test_failure_class_and_line(name, cls, text):
+    """Defect 5: the cause of a failed run is classified and its line given; a cause
+    beats the consequences printed after it (the OOM before its peers' NCCL timeout,
+    Slurm's time limit before the killed tasks)."""
+    got_cls, line = find_failure(FAILURES / f"{name}.log")
+    assert got_cls == cls and text in line
+
+
+def test_nccl_watchdog_glued_to_a_progress_bar():
+    """Defect 5: the watchdog timeout of pytorch/pytorch#118369, its first line glued to a
+    NeMo 1 progress bar."""
+    cls, line = find_failure(LOGS / "nemo1" / "watchdog-after-progress-bar.log")
+    assert cls == "NCCL timeout" and "Watchdog caught collective operation timeout" in line

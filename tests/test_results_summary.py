@@ -16,7 +16,7 @@ from trainbench.plan import Features, build_plan
 from trainbench.results.infer import Identity, infer_identity
 from trainbench.results.parse import StepRecord
 from trainbench.results.status import (
-    FAILED, INCOMPLETE, INVALID, SUCCESS, compute_status, logging_stride,
+    FAILED, INCOMPLETE, INVALID, SUCCESS, UNRECOGNISED, compute_status, logging_stride,
 )
 from trainbench.results.summary import speed_verdict, summarize_experiment
 
@@ -174,13 +174,14 @@ def test_failed_and_incomplete_fixtures():
     assert failed.status == FAILED and failed.verdict == "failed"
     assert failed.failure_class == "CUDA out of memory"
     assert failed.last_error.startswith("torch.OutOfMemoryError: CUDA out of memory.")
-    inc = summarize_experiment(next(LOGS.glob("nemo2/experiments/pretrain_nemotronh*/*/log-*")))
-    assert inc.status == INCOMPLETE and inc.status_detail.startswith("stopped at iteration 37 of 0..49")
-    # The watchdog timeout, not the `NCCL communicator was aborted` it led to.
-    assert "Watchdog caught collective operation timeout" in inc.last_error
-    assert inc.failure_class == "NCCL timeout"
-    assert inc.verdict.endswith("(incomplete run)")
-    assert inc.window_count == 27  # iterations 11..37
+    # A run that stopped early with a NCCL watchdog timeout at its end failed: the
+    # timeout, not the `NCCL communicator was aborted` it led to, is named.
+    stopped = summarize_experiment(next(LOGS.glob("nemo2/experiments/pretrain_nemotronh*/*/log-*")))
+    assert stopped.status == FAILED
+    assert stopped.status_detail.startswith("stopped at iteration 37 of 0..49")
+    assert "Watchdog caught collective operation timeout" in stopped.last_error
+    assert stopped.failure_class == "NCCL timeout"
+    assert stopped.verdict == "failed"
 
 
 # --- trainbench run directories --------------------------------------------------------------
@@ -284,3 +285,133 @@ def test_identity_from_seed_names(path, expected):
 def test_maxtext_format_decides_an_ambiguous_70b():
     assert infer_identity(Path("results/24.11/bf16/70b/64/log-run.out"), "maxtext").workload == (
         "pretrain_llama2")
+
+
+# --- issue 16: what the summary makes of real logs (sources in tests/data/logs/README.md) ----
+
+def test_megatron_deepspeed_excerpt_is_timed_in_seconds():
+    """Defect 1: 106.5 s steps, not 0.1065 s; not Failed."""
+    r = summarize_experiment(LOGS / "megatron-deepspeed" / "bigscience-tr11-176b-excerpt.log")
+    assert r.format == "megatron-deepspeed" and r.status == INCOMPLETE  # an excerpt of 115311
+    assert r.step_time_mean_s == pytest.approx(
+        (106.46 + 105.90 + 106.40 + 106.33 + 107.53) / 5)
+
+
+def test_nan_loss_in_a_nemo1_bar_makes_the_run_invalid():
+    """Defect 2."""
+    r = summarize_experiment(LOGS / "nemo1" / "nan-loss-progress-bar.log")
+    assert r.status == INVALID and r.failure_class == "NaN/Inf"
+    assert r.status_detail == "loss is nan at iteration 8998"
+
+
+def test_multi_epoch_nemo2_run_is_complete():
+    """Defect 3: 30 steps over three epochs, the default window over all 30."""
+    r = summarize_experiment(LOGS / "nemo2" / "multi-epoch-config-echo.log")
+    assert (r.status, r.steps_logged, r.last_iteration, r.total_iterations) == (
+        SUCCESS, 30, 29, 30)
+    # 9.80 + 0.01 * ((7 * step) % 5) for steps 7..26 (the window of a 30-step run).
+    times = [9.80 + 0.01 * ((7 * s) % 5) for s in range(7, 27)]
+    assert r.window == (7, 26) and r.step_time_mean_s == pytest.approx(sum(times) / 20)
+
+
+def test_unknown_format_is_unrecognised_not_failed():
+    """Defect 4."""
+    r = summarize_experiment(LOGS / "nanochat" / "base-train.log")
+    assert r.status == UNRECOGNISED and r.failure_class is None
+    assert "NeMo 2" in r.status_detail and "torchtitan" in r.status_detail
+
+
+@pytest.mark.parametrize("name, cls", [
+    ("cuda-oom", "CUDA out of memory"), ("nccl-timeout", "NCCL timeout"),
+    ("nccl-error", "NCCL error"), ("segfault", "segmentation fault"),
+    ("rank-killed", "rank killed"), ("node-failure", "node failure"),
+    ("slurm-time-limit", "Slurm time limit"), ("slurm-cancelled", "Slurm cancelled"),
+])
+def test_a_run_ended_by_a_known_cause_failed(name, cls):
+    """Defect 5: a log that stops early with a known cause at its end failed (not merely
+    Incomplete), and says which cause and where."""
+    r = summarize_experiment(LOGS / "failures" / f"{name}.log")
+    assert r.status == FAILED and r.failure_class == cls and r.verdict == "failed"
+    assert r.status_detail.startswith("stopped at iteration 182 of 0..249999: ")
+    assert r.last_error in r.status_detail
+
+
+def test_nccl_watchdog_before_any_step_is_a_failure_not_an_unknown_log():
+    r = summarize_experiment(LOGS / "nemo1" / "watchdog-after-progress-bar.log")
+    assert r.status == FAILED and r.failure_class == "NCCL timeout"
+
+
+def test_trainbench_launcher_causes_are_classified(tmp_path):
+    """Defect 5 with trainbench's own launcher: exit.json's reason (launch/local.py's
+    failure line) gives the class; nothing is read twice."""
+    d = trainbench_run(tmp_path, exit_json={
+        "exit_code": 1, "executor": "local",
+        "reason": "disk full: rank 0 failed (exit code 1): OSError: [Errno 28] No space left "
+                  "on device; the other ranks were stopped"})
+    rows = (d / "metrics.jsonl").read_text().splitlines()
+    (d / "metrics.jsonl").write_text("\n".join(rows[:20]) + "\n")
+    r = summarize_experiment(d)
+    assert r.status == FAILED and r.failure_class == "disk full"
+    assert r.status_detail.startswith("stopped at iteration 19 of 0..49: disk full: rank 0")
+
+
+def test_interleaved_ranks_keep_the_peak_memory():
+    """Defect 6: 26880 MB = 26.25 GiB, the larger of the two glued reports."""
+    r = summarize_experiment(LOGS / "megatron" / "interleaved-ranks.log")
+    assert r.peak_memory_gib == 26.25 and r.status == SUCCESS
+
+
+def test_facts_of_the_log_give_tokens_per_second_and_options_override_them():
+    """Defect 7: Megatron's argument dump gives GPUs, batch and sequence length, hence
+    tokens/s; the user's --scale wins over the log."""
+    path = LOGS / "megatron" / "arguments-dump.log"
+    r = summarize_experiment(path)
+    assert (r.gpus, r.gbs, r.seq_len, r.dtype) == (8, 128, 8192, "bf16")
+    assert r.layout == "TP2 PP2 CP1 DP2 (log)" and "log" in r.identity_source
+    mean = (6103.8 + 6099.1 + 6101.5 + 6097.7) / 4 / 1000  # window 1-4 of 5
+    assert r.step_time_mean_s == pytest.approx(mean)
+    assert r.tokens_per_s == pytest.approx(128 * 8192 / mean)
+    assert r.tokens_per_s_per_gpu == pytest.approx(128 * 8192 / mean / 8)
+    assert summarize_experiment(path, scale=16).gpus == 16
+
+
+def test_maxtext_and_nemo_facts():
+    maxtext = summarize_experiment(LOGS / "maxtext" / "profiled-nsys-glog.log")
+    assert (maxtext.gpus, maxtext.gbs, maxtext.seq_len) == (64, 384, 4096)
+    nemo = summarize_experiment(LOGS / "nemo2" / "multi-epoch-config-echo.log")
+    assert (nemo.gpus, nemo.gbs, nemo.seq_len, nemo.layout) == (
+        16, 128, 8192, "TP2 PP2 CP1 DP4 (log)")
+
+
+@pytest.mark.parametrize("name", ["maxtext/profiled-nsys-glog.log",
+                                  "torchtitan/profiled-every-10-steps.log"])
+def test_profiled_logs_are_not_comparable(name):
+    """Defect 8: neither file name says nsys or profile; the log's lines do."""
+    r = summarize_experiment(LOGS / name)
+    assert not r.comparable
+    assert any(note.startswith("profiled run (the log says") for note in r.notes)
+
+
+def test_torchtitan_excerpt_without_run_length():
+    """Defect 9: steps 15-21 of an unknown run length: the window is scaled to the steps
+    the log holds (16-20 of 14-20), not to 0-20."""
+    r = summarize_experiment(LOGS / "torchtitan" / "rank0-every-step.log")
+    assert r.format == "torchtitan" and r.status == SUCCESS and r.window == (16, 20)
+    assert r.step_time_mean_s == pytest.approx((1.125 + 1.119 + 1.121 + 1.127 + 1.122) / 5)
+    assert r.peak_memory_gib == pytest.approx(9.46)
+
+
+def test_excerpt_of_a_long_run_uses_the_steps_present():
+    """Defect 10: iterations 182-185 of a 250,000-iteration run: the planned window
+    55000-220000 holds none of them, so the four present are used, and the note says
+    which --window to pass."""
+    r = summarize_experiment(LOGS / "megatron" / "epfllm-250k-iterations-excerpt.log")
+    assert r.window == (181, 184) and r.window_count == 4
+    assert r.step_time_mean_s == pytest.approx(
+        (126995.3 + 125553.7 + 127804.5 + 130554.9) / 4 / 1000)
+    note = next(n for n in r.notes if n.startswith("the default window 55000-220000"))
+    assert "--window 181-184" in note
+    # A window the user gives is kept as given, even when empty.
+    given = summarize_experiment(LOGS / "megatron" / "epfllm-250k-iterations-excerpt.log",
+                                 window=(11, 44))
+    assert given.window == (11, 44) and given.step_time_mean_s is None

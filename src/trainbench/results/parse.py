@@ -947,7 +947,8 @@ def _int_or_none(value) -> int | None:
 _ERROR_MARKERS = (b"Error", b"Exception", b"exception", b"error:", b"Traceback", b"Killed",
                   b"out of memory", b"CANCELLED", b"Watchdog caught", b"NCCL error",
                   b"Segmentation fault", b"SIGSEGV", b"SIGKILL", b"NODE FAILURE",
-                  b"TIME LIMIT", b"No space left", b"timed out", b"Timeout")
+                  b"TIME LIMIT", b"No space left", b"timed out", b"Timeout", b"exitcode",
+                  b"Signal ", b"NODE_FAIL", b"Node failure")
 # `RuntimeError: ...`, `srun: error: ...`, `torch.OutOfMemoryError: ...`: the line that says
 # what went wrong, preferred over `Traceback (most recent call last):` and the like.
 _STRONG_ERROR = re.compile(

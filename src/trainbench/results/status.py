@@ -107,7 +107,12 @@ def compute_status(records: list[StepRecord], total_iterations: int | None,
     which case the last logged iteration is taken as the final one and the detail says so.
     failed_end: the run is known to have ended in failure (exit.json's non-zero exit code,
     or a launcher that died without one), so stopping early is a failure, not a pause.
+    recognised: False when the log is in no format trainbench reads (formats names them):
+    without a known cause of failure in it, it is Unrecognised rather than Failed.
     """
+    if not records and not recognised and classify_failure(last_error) is None:
+        return RunStatus(UNRECOGNISED, "no line in a format trainbench reads"
+                         + (f" ({formats})" if formats else ""))
     if not records:
         why = f": {last_error}" if last_error else " and no error line in the log"
         return RunStatus(FAILED, "no training step was logged" + why)

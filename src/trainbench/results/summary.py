@@ -319,7 +319,11 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     result.steps_logged = len(iterations)
     result.last_iteration = iterations[-1] if iterations else None
     result.total_iterations = total
-    length = (total - first) if total else (iterations[-1] + 1 if iterations else None)
+    if not total and iterations and facts.plan is None:
+        # No run length printed: the log may be an excerpt, so the window is scaled to
+        # the iterations it holds rather than to 0..last.
+        first = iterations[0]
+    length = (total - first) if total else (iterations[-1] - first + 1 if iterations else None)
     win = window
     if win is None and length:
         start, end = metrics.default_window(length)
@@ -341,6 +345,9 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     provisional = compute_status(scan.records, total, win or (0, 0), recognised=recognised)
     if provisional.status != SUCCESS or (result.exit_code or 0) != 0:
         result.failure_class, result.last_error = _last_error(log_file, facts.exit)
+    # A log whose end states a known cause of failure (an OOM, a NCCL timeout, Slurm's
+    # time limit) failed, as an exit.json with a non-zero code says for trainbench's runs.
+    failed_end = failed_end or result.failure_class is not None
     status = compute_status(scan.records, total, win or (0, 0), result.last_error, failed_end,
                             recognised=recognised, formats=formats_read())
     if status.status == INVALID:
