@@ -9,6 +9,7 @@ through the CLI, as tests/test_parallel_parity.py.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +196,58 @@ def test_rowwise_recipe_trains_under_tensor_parallel_like_one_process(tmp_path):
     assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_RTOL)
     for exp in (one, tp):
         assert json.loads((exp / "run.json").read_text())["fp8"]["recipe"] == "rowwise"
+
+
+# --- the catalog: FP8 exactly where the hardware has it, MXFP8 on Blackwell only -----------
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "hardware.md"
+
+
+def test_catalog_matches_the_hardware_reference():
+    """Every GPU row of ../shared/reference/hardware.md, figure by figure."""
+    from trainbench.catalog import hardware
+    if not REFERENCE.exists():
+        pytest.skip(f"{REFERENCE} is not beside this checkout")
+    rows = [line.strip("|").split("|") for line in REFERENCE.read_text().splitlines()
+            if line.startswith("| ") and "TFLOPS" not in line]
+    by_name = {gpu.name: gpu for gpu in hardware.GPUS.values()}
+    assert len(rows) == 8
+    for cells in rows:
+        name, bf16, fp8, nvfp4, memory, hbm, nvlink, per_node = (c.strip() for c in cells)
+        gpu = by_name[name]
+        for dtype, text in (("bf16", bf16), ("fp8", fp8), ("nvfp4", nvfp4)):
+            assert gpu.peak(dtype) == (None if text == "-" else float(text)), (name, dtype)
+        assert gpu.memory_gb == float(memory.removesuffix(" GB"))
+        assert (gpu.hbm_tbs, gpu.nvlink_gbs, gpu.gpus_per_node) == (
+            float(hbm), float(nvlink), int(per_node))
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "h200", "b200", "b300", "gb200", "gb300",
+                                 "mi300x"])
+def test_fp8_and_mxfp8_are_allowed_exactly_where_the_gpu_has_them(gpu):
+    blackwell = gpu in ("b200", "b300", "gb200", "gb300")
+    for dtype, allowed in (("fp8", gpu != "a100"), ("mxfp8", blackwell)):
+        if allowed:
+            # MFU against the FP8 rate: twice the dense BF16 peak (MXFP8 runs at it too).
+            bf16 = fp8_plan(scale=4, gpu=gpu, dtype="bf16").peak_tflops
+            assert fp8_plan(scale=4, gpu=gpu, dtype=dtype).peak_tflops == pytest.approx(
+                2 * bf16, rel=0.01)
+        else:
+            with pytest.raises(PlanError, match="no FP8 tensor cores|no MXFP8"):
+                fp8_plan(scale=4, gpu=gpu, dtype=dtype)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_mxfp8_trains_on_a_cpu_and_tensor_parallel_matches_one_process(tmp_path):
+    """torchao's emulated MX training: block scales are local to 32 values, so TP2 (whose
+    shards are whole blocks) gives one process's losses; and it is not tensorwise FP8."""
+    one = train(tmp_path, "pretrain_llama3.1", 1, dtype="mxfp8", steps=3)
+    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2", dtype="mxfp8", steps=3)
+    fp8 = train(tmp_path, "pretrain_llama3.1", 1, dtype="fp8", steps=3)
+    assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_RTOL)
+    assert losses(one) != losses(fp8)
+    assert losses(one) == pytest.approx(losses(fp8), rel=FP8_VS_BF16_RTOL)
+    run = json.loads((one / "run.json").read_text())
+    assert run["fp8"]["recipe"].startswith("mxfp8") and run["fp8"]["float8_linears"] == 28
+    assert run["peak_tflops"] is None
