@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 
-def run(root: Path, dtype: str, gpus: int, layers: int, steps: int) -> Path | None:
-    settings = f"layers={layers} tp=1 cp=1 pp=1 dp={gpus} mbs=1 gbs={8 * gpus}"
+def run(root: Path, dtype: str, gpus: int, layers: int, steps: int, tp: int = 1) -> Path | None:
+    settings = (f"layers={layers} tp={tp} cp=1 pp=1 dp={gpus // tp} mbs=1 "
+                f"gbs={8 * gpus // tp}")
     cmd = [sys.executable, "-m", "trainbench.cli", "run", "-w", "pretrain_llama3.1", "-s", "8b",
            "--dtype", dtype, "--scale", str(gpus), "--steps", str(steps), "--set", settings,
            "--root", str(root)]
@@ -58,18 +59,34 @@ def main() -> None:
         dtypes.append("fp8")
     except ImportError:
         print("torchao not installed: FP8 skipped (pip install 'trainbench[fp8]')")
+    from trainbench.catalog.hardware import gpu_from_device_name
+    gpu = gpu_from_device_name(gpu_names()[0])
+    if "fp8" in dtypes and gpu is not None and gpu.peak("mxfp8"):
+        dtypes.append("mxfp8")  # Blackwell: MXFP8 through torchao's MX kernels
     from trainbench.results import summarize_experiment
     rows = []
-    for dtype in dtypes:
-        for gpus in sorted({1, n}):
-            exp = run(args.root, dtype, gpus, args.layers, args.steps)
-            if exp is None:
-                rows.append((dtype, gpus, "no experiment", None, None))
-                continue
-            r = summarize_experiment(exp)
-            device = json.loads((exp / "run.json").read_text()).get("device_name", "?") \
-                if (exp / "run.json").exists() else "?"
-            rows.append((dtype, gpus, device, r, predicted_step_time(exp)))
+    # FP8 on all GPUs: FSDP2's float8 all-gather (NCCL only); with TP2, torchao's Float8
+    # TP styles (FP8 sequence-parallel traffic). Each run's run.json says what ran.
+    runs = [(dtype, gpus, 1) for dtype in dtypes for gpus in sorted({1, n})]
+    if n >= 2 and "fp8" in dtypes:
+        runs.append(("fp8", n, 2))
+    for run_dtype, gpus, tp in runs:
+        exp = run(args.root, run_dtype, gpus, args.layers, args.steps, tp)
+        dtype = run_dtype if tp == 1 else f"{run_dtype}/tp{tp}"
+        if exp is None:
+            rows.append((dtype, gpus, "no experiment", None, None))
+            continue
+        fp8 = json.loads((exp / "run.json").read_text()).get("fp8") \
+            if (exp / "run.json").exists() else None
+        if fp8:
+            print(f"  fp8: recipe {fp8['recipe']}, FSDP float8 all-gather "
+                  f"{fp8['fsdp_float8_all_gather']}, Float8 TP styles "
+                  f"{fp8.get('float8_tp_styles')}, {fp8['float8_linears']} FP8 linears",
+                  flush=True)
+        r = summarize_experiment(exp)
+        device = json.loads((exp / "run.json").read_text()).get("device_name", "?") \
+            if (exp / "run.json").exists() else "?"
+        rows.append((dtype, gpus, device, r, predicted_step_time(exp)))
     print(f"\nLlama 3.1 8B with {args.layers} layers, seq 8192, MBS 1, 8 sequences per GPU, "
           f"{args.steps} steps")
     print(f"{'dtype':<6}{'GPUs':>5}  {'device':<28}{'status':<11}{'step s':>9}{'pred s':>9}"
