@@ -208,3 +208,14 @@ def test_failure_class_and_line_in_the_table(tmp_path):
     assert ("job: Failed (Slurm time limit): stopped at iteration 182 of 0..249999: "
             "slurmstepd: error: *** JOB 1407993 ON node001 CANCELLED AT 2024-11-21T10:02:44 "
             "DUE TO TIME LIMIT ***") in out
+
+
+def test_a_log_in_no_format_that_states_a_failure_is_listed(tmp_path):
+    """A file not named log-* with no step line is still an experiment when its end
+    states a known cause of failure (here the NCCL watchdog of pytorch/pytorch#118369)."""
+    shutil.copy(LOGS / "nemo1" / "watchdog-after-progress-bar.log", tmp_path / "train.log")
+    (tmp_path / "sbatch_x.out").write_text("srun: job 1 queued\nExperiment finished\n")
+    data = json.loads(invoke("results", str(tmp_path), "--format", "json").stdout)
+    (row,) = data["experiments"]
+    assert (row["name"], row["status"], row["failure_class"]) == ("train", "Failed",
+                                                                  "NCCL timeout")

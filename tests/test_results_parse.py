@@ -340,8 +340,8 @@ def test_glog_prefixed_maxtext_lines_and_facts():
     the config lines are facts."""
     scan = scan_log(LOGS / "maxtext" / "profiled-nsys-glog.log")
     assert [r.step_time_s for r in scan.records] == [41.002, 0.631, 10.228, 10.344]
-    assert scan.facts == {"world_size": 64, "gbs": 384, "tp": 1, "seq_len": 4096,
-                          "total_iterations": 4}
+    assert scan.facts == {"world_size": 64, "dtype": "bf16", "gbs": 384, "tp": 1,
+                          "seq_len": 4096, "total_iterations": 4}
 
 
 def test_megatron_argument_dump_is_read_as_facts():

@@ -620,6 +620,7 @@ _MAXTEXT_DEVICES = re.compile(r"Num_devices:\s*(\d+)")
 _MAXTEXT_FACTS = {"steps": "total_iterations", "max_target_length": "seq_len",
                   "global_batch_size_to_train_on": "gbs", "ici_tensor_parallelism": "tp",
                   "ici_pipeline_parallelism": "pp", "ici_context_parallelism": "cp"}
+_MAXTEXT_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 _MAXTEXT_KEYS: dict[str, tuple[str, float]] = {
     "seconds": ("step_time_s", 1.0),
     "tflop/s/device": ("tflops_per_gpu", 1.0),
@@ -657,6 +658,10 @@ class MaxText(LogFormat):
             state.scan.config[key] = value
             if key in _MAXTEXT_FACTS:
                 state.fact(_MAXTEXT_FACTS[key], _int_fact(value))
+            elif key == "dtype" and value in _MAXTEXT_DTYPES:
+                state.scan.facts.setdefault("dtype", _MAXTEXT_DTYPES[value])
+            elif key == "quantization" and "fp8" in value:
+                state.fact("dtype", "fp8")
             elif key == "profiler" and value not in ("", "none", "None", "''"):
                 state.profiled(text)
 
@@ -957,11 +962,13 @@ _STRONG_ERROR = re.compile(
 _CAUSE_WINDOW = 32 * 2**20
 
 
-def find_failure(path: str | Path, chunk_size: int = CHUNK_SIZE) -> tuple[str | None, str | None]:
+def find_failure(path: str | Path, chunk_size: int = CHUNK_SIZE,
+                 max_bytes: int | None = None) -> tuple[str | None, str | None]:
     """(failure class, line) of a log: among its last lines, the line of the most
     specific known cause (status.FAILURE_CLASSES: out of memory before the NCCL timeout
     it provokes, before the SIGABRT that follows); without one, the last error-looking
-    line (an exception message preferred over a bare `Traceback`) and class None."""
+    line (an exception message preferred over a bare `Traceback`) and class None.
+    max_bytes: read no further back than this from the end."""
     from .status import classify_failure, failure_rank
     size = Path(path).stat().st_size
     weak: str | None = None
@@ -1001,6 +1008,8 @@ def find_failure(path: str | Path, chunk_size: int = CHUNK_SIZE) -> tuple[str | 
             if best is not None and size - end >= _CAUSE_WINDOW:
                 break
             if best is None and strong is not None:
+                break
+            if max_bytes is not None and size - end >= max_bytes:
                 break
     if best is not None:
         return best[1], best[2]

@@ -25,6 +25,9 @@ from .parse import LogScan, StepRecord, find_failure, formats_read, read_metrics
 from .status import (FAILED, INCOMPLETE, INVALID, SUCCESS, classify_failure, compute_status)
 
 LOG_SUFFIXES = (".out", ".log")
+_CAUSE_TAIL = 8 * 2**20
+"""How far back from its end a log not named log-* is searched for a cause of failure
+before it is taken for a batch script's output."""
 DEFAULT_GPU = "h100"
 """GPU assumed for foreign logs: every seed measured on H100 (shown in the gpu column)."""
 DEFAULT_TOLERANCE_PCT = 5.0
@@ -669,7 +672,8 @@ def summarize_paths(paths: list[str | Path], **options) -> list[ExperimentResult
         scan = None
         if not certain:
             scan = scan_log(path)
-            if not (scan.records or scan.recognised or scan.step_like_lines >= 3):
+            if not (scan.records or scan.recognised or scan.step_like_lines >= 3
+                    or find_failure(path, max_bytes=_CAUSE_TAIL)[0]):
                 continue  # a batch script's output, not a training log
         results.append(summarize_experiment(path, scan=scan, **options))
     return results
