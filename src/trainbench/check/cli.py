@@ -70,9 +70,11 @@ def gap_pct(predicted: float, measured: float) -> float | None:
     return None if not measured else 100.0 * (predicted - measured) / measured
 
 
-def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None) -> dict:
-    """Build each rank and put predict's figure for its pipeline rank beside it."""
-    from .build import check_ranks
+def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None,
+               trace: bool = False) -> dict:
+    """Build each rank and put predict's figure for its pipeline rank beside it; with
+    `trace`, also trace the rank's forward and backward under FakeTensorMode."""
+    from .build import check_ranks, trace_rank
     results = check_ranks(plan, ranks, progress=progress)
     for info in results:
         if info.get("error"):
@@ -83,6 +85,17 @@ def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None
         info["built_model_state_bytes"] = built
         info["model_state_gap_pct"] = (None if pred is None
                                        else gap_pct(pred["model_state"], built))
+        if trace:
+            traced = trace_rank(plan, info["rank"])
+            info["trace"] = traced
+            if not traced.get("error") and pred is not None:
+                # Tensors only on both sides: the trace sees no allocator, so predict's
+                # fragmentation and buffer allowance is left out of the comparison.
+                traced["gap_pct"] = gap_pct(pred["total"] - pred["allowance"],
+                                            traced["peak_bytes"])
+            if progress is not None:
+                progress({"rank": info["rank"], "error": traced.get("error"),
+                          "build_s": traced["trace_s"], "what": "traced"})
     return {"workload": plan.workload, "size": plan.size, "dtype": plan.dtype,
             "gpus": plan.gpus, "gpu_type": plan.gpu_type, "layout": plan.layout.describe(),
             "ranks": results}
@@ -126,6 +139,22 @@ def print_table(data: dict) -> None:
             "-" if gap is None else f"{gap:+.1f}%")
     out = console()
     out.print(table)
+    for r in data["ranks"]:
+        traced = r.get("trace")
+        if traced is None:
+            continue
+        if traced.get("error"):
+            out.print(f"rank {r['rank']}: not traced: {traced['error']}", highlight=False)
+            continue
+        parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in traced["categories"].items())
+        pred = r["predicted"]
+        out.print(f"rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:.2f} GiB = "
+                  f"forward/backward of {traced['microbatches']} microbatches "
+                  f"{traced['forward_backward_peak_bytes'] / GIB:.2f} ({parts}) + AdamW "
+                  f"moments {traced['optimizer_bytes'] / GIB:.2f}; predicted tensors "
+                  f"{(pred['total'] - pred['allowance']) / GIB:.2f} GiB "
+                  f"({traced['gap_pct']:+.1f}%), predicted peak with allowance "
+                  f"{pred['total'] / GIB:.2f} GiB", highlight=False)
     out.print("weights, grads, Adam: the sharded fp32 master weights, their gradients and the "
               "two AdamW moments this rank keeps; PP step: the compute-dtype weights and fp32 "
               "gradients a pipeline stage keeps gathered all step; predicted state: "
@@ -153,6 +182,10 @@ def register(app) -> None:
             None, "--ranks", help="Ranks to build: 0,7,64-71 or all; default the first and "
                                   "last rank of every pipeline stage."),
         fmt: str = typer.Option("table", "--format", help="table or json."),
+        trace: bool = typer.Option(
+            False, "--trace", help="Also trace each rank's first two microbatches (forward and "
+                                   "backward) under FakeTensorMode with FSDPMemTracker; "
+                                   "layouts without PP and CP only."),
     ):
         """Build chosen ranks of a plan at its real size under a fake process group (no
         GPU, nothing allocated) and report what each holds, beside predict's figure."""
@@ -189,10 +222,11 @@ def register(app) -> None:
 
         def progress(info: dict) -> None:
             if fmt == "table":
-                state = f"failed: {info['error']}" if info.get("error") else "built"
+                state = (f"failed: {info['error']}" if info.get("error")
+                         else info.get("what", "built"))
                 typer.echo(f"rank {info['rank']}: {state} ({info['build_s']:.1f} s)", err=True)
 
-        data = check_plan(plan, ranks, config=config, progress=progress)
+        data = check_plan(plan, ranks, config=config, progress=progress, trace=trace)
         if fmt == "json":
             typer.echo(json.dumps(data, indent=2, sort_keys=True))
         else:
