@@ -8,11 +8,11 @@ removes rank prefixes and hands each line to the formats whose markers it holds.
 
 Logs with an NCCL trace reach several GB, almost all of it `NCCL INFO` lines, so a file
 is read in large binary chunks and searched with `bytes.find` for the markers; only the
-lines around a hit are decoded. Until the first step line names the format every
-format's markers are searched (and the facts lines: argument dumps, config echoes,
-profiler banners, which a run prints before its first step); after it, only that format's
-step markers, plus one pass over the file's tail for profiler lines written at the end.
-Iterations are 0-based everywhere (NeMo's `iteration 49/49` is the 50th step;
+lines around a hit are decoded. Every format's step markers are searched until the first
+step line names the format, only that format's after it. Facts (argument dumps, config
+echoes, banners, profiler lines), which a run prints before training, are searched for in
+the file's first HEAD_BYTES only, and profiler lines once more in its last TAIL_BYTES,
+where nsys names its report. Iterations are 0-based everywhere (NeMo's `iteration 49/49` is the 50th step;
 Megatron's 1-based `iteration 50/50` is stored as 49).
 
 Adding a format: subclass LogFormat, give it a name, a title, its markers and a `read`,
