@@ -27,7 +27,8 @@ SORT_ALIASES = {
     "memory": "peak_memory_gib",
     "ref": "pct_of_ref_tokens_per_s",
 }
-SORTABLE = tuple(f.name for f in fields(ExperimentResult) if f.name not in ("records", "notes"))
+SORTABLE = tuple(f.name for f in fields(ExperimentResult)
+                 if f.name not in ("records", "notes", "facts"))
 
 
 def sort_key_name(column: str) -> tuple[str, bool]:
@@ -100,6 +101,7 @@ def to_csv(results: list[ExperimentResult]) -> str:
     for r in results:
         row = r.to_dict()
         row["notes"] = "; ".join(row["notes"])
+        row["facts"] = json.dumps(row["facts"], sort_keys=True) if row["facts"] else ""
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
     return buf.getvalue()
 
