@@ -38,11 +38,13 @@ def losses(exp_dir: Path) -> list[float]:
 
 
 def train(root: Path, workload: str, scale: int, *extra: str, steps: int = 3,
-          dtype: str = "fp32", size: str = "tiny", env: dict | None = None) -> Path:
+          dtype: str = "fp32", size: str = "tiny", env: dict | None = None,
+          timeout: int = 300) -> Path:
     """Run a tiny workload for real and return its experiment directory."""
     before = set(experiment_dirs(root)) if (root / "experiments").exists() else set()
     res = run_cli("run", "-w", workload, "-s", size, "--dtype", dtype, "--scale", str(scale),
-                  "--steps", str(steps), "--gpu", "cpu", *extra, root=root, env=env)
+                  "--steps", str(steps), "--gpu", "cpu", *extra, root=root, env=env,
+                  timeout=timeout)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (new,) = set(experiment_dirs(root)) - before
     return new

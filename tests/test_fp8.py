@@ -36,6 +36,10 @@ FP8_VS_BF16_RTOL = 0.02
 # few elements. Largest measured relative deviation: 3e-5 (losses) and 2e-4 (grad norms).
 FP8_PARITY_RTOL = 1e-3
 
+# FP8 GEMMs on a CPU are software (torch._scaled_mm): about 0.5 s per tiny step on one
+# idle core pair, many times that on a shared machine.
+RUN_TIMEOUT = 1800
+
 # The tiny versions of the seed layouts (README, "Model parallelism") per family.
 SEED_LAYOUTS = [
     ("pretrain_llama3.1", 4, "cp=2 dp=2"),                   # Llama 3.1 8B: CP2 x DP
@@ -150,7 +154,7 @@ def fifty_steps(tmp_path_factory):
     def get(workload: str, dtype: str) -> list[dict]:
         if (workload, dtype) not in cache:
             cache[workload, dtype] = read_metrics(train(root, workload, 1, dtype=dtype,
-                                                        steps=50))
+                                                        steps=50, timeout=RUN_TIMEOUT))
         return cache[workload, dtype]
     return get
 
@@ -175,7 +179,8 @@ def test_fp8_tracks_bf16_over_fifty_steps(fifty_steps, workload):
                          ids=[f"{w}-{l.replace(' ', '-')}" for w, _, l in SEED_LAYOUTS])
 def test_fp8_seed_layout_matches_one_fp8_process(tmp_path, fifty_steps, workload, scale,
                                                   layout):
-    exp = train(tmp_path, workload, scale, "--set", layout, dtype="fp8", steps=3)
+    exp = train(tmp_path, workload, scale, "--set", layout, dtype="fp8", steps=3,
+                timeout=RUN_TIMEOUT)
     reference = fifty_steps(workload, "fp8")[:3]  # warm-up LR: the first 3 steps of 50
     assert losses(exp) == pytest.approx([r["loss"] for r in reference], rel=FP8_PARITY_RTOL)
     assert [r["grad_norm"] for r in read_metrics(exp)] == pytest.approx(
