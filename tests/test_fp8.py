@@ -125,7 +125,7 @@ def test_float8_collectives_only_where_nccl_carries_them():
 
 @pytest.mark.dist
 def test_one_rank_fp8_run_records_its_recipe_and_has_no_mfu(tmp_path):
-    exp = train(tmp_path, "pretrain_llama3.1", 1, dtype="fp8", steps=3)
+    exp = train(tmp_path, "pretrain_llama3.1", 1, dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
     run = json.loads((exp / "run.json").read_text())
     fp8 = run["fp8"]
     assert fp8["recipe"] == "tensorwise"
@@ -195,9 +195,9 @@ def test_fp8_seed_layout_matches_one_fp8_process(tmp_path, fifty_steps, workload
 @pytest.mark.slow
 def test_rowwise_recipe_trains_under_tensor_parallel_like_one_process(tmp_path):
     one = train(tmp_path, "pretrain_llama3.1", 1, "--set", "fp8_recipe=rowwise",
-                dtype="fp8", steps=3)
+                dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
     tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2 fp8_recipe=rowwise",
-               dtype="fp8", steps=3)
+               dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
     assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_RTOL)
     for exp in (one, tp):
         assert json.loads((exp / "run.json").read_text())["fp8"]["recipe"] == "rowwise"
@@ -247,9 +247,10 @@ def test_fp8_and_mxfp8_are_allowed_exactly_where_the_gpu_has_them(gpu):
 def test_mxfp8_trains_on_a_cpu_and_tensor_parallel_matches_one_process(tmp_path):
     """torchao's emulated MX training: block scales are local to 32 values, so TP2 (whose
     shards are whole blocks) gives one process's losses; and it is not tensorwise FP8."""
-    one = train(tmp_path, "pretrain_llama3.1", 1, dtype="mxfp8", steps=3)
-    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2", dtype="mxfp8", steps=3)
-    fp8 = train(tmp_path, "pretrain_llama3.1", 1, dtype="fp8", steps=3)
+    one = train(tmp_path, "pretrain_llama3.1", 1, dtype="mxfp8", steps=3, timeout=RUN_TIMEOUT)
+    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2", dtype="mxfp8", steps=3,
+               timeout=RUN_TIMEOUT)
+    fp8 = train(tmp_path, "pretrain_llama3.1", 1, dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
     assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_RTOL)
     assert losses(one) != losses(fp8)
     assert losses(one) == pytest.approx(losses(fp8), rel=FP8_VS_BF16_RTOL)
