@@ -83,7 +83,8 @@ def test_bad_run_input_is_one_line(tmp_path):
     for args, needle in [
         (["--scale", "3"], "scales: 1, 2, 4"),
         (["--scale", "2", "--set", "tp"], "KEY=VALUE"),
-        (["--scale", "2", "--dtype", "fp8"], "fp8 needs a GPU"),
+        (["--scale", "2", "--dtype", "bf16", "--set", "fp8_recipe=rowwise"],
+         "applies only to --dtype fp8"),
         (["--scale", "2", "--env", "A B=1"], "--env"),
         (["--scale", "2", "--load-checkpoint", "/nonexistent"], "no such directory"),
     ]:
