@@ -317,8 +317,8 @@ def test_multi_epoch_nemo2_run_is_complete():
 def test_unknown_format_is_unrecognised_not_failed():
     """Defect 4."""
     r = summarize_experiment(LOGS / "nanochat" / "base-train.log")
-    assert r.status == UNRECOGNISED and r.failure_class is None
-    assert "NeMo 2" in r.status_detail and "torchtitan" in r.status_detail
+    assert r.status == UNRECOGNISED and r.failure_class is None and r.verdict == "format not read"
+    assert r.status_detail == "no line in a format trainbench reads"
 
 
 @pytest.mark.parametrize("name, cls", [

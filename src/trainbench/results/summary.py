@@ -21,8 +21,9 @@ from ..catalog import hardware, models, recipes, references
 from ..launch.experiment import (EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE,
                                  launcher_gone)
 from .infer import Identity, infer_identity
-from .parse import LogScan, StepRecord, find_failure, formats_read, read_metrics_jsonl, scan_log
-from .status import (FAILED, INCOMPLETE, INVALID, SUCCESS, classify_failure, compute_status)
+from .parse import LogScan, StepRecord, find_failure, read_metrics_jsonl, scan_log
+from .status import (FAILED, INCOMPLETE, INVALID, SUCCESS, UNRECOGNISED, classify_failure,
+                     compute_status)
 
 LOG_SUFFIXES = (".out", ".log")
 _CAUSE_TAIL = 8 * 2**20
@@ -352,7 +353,7 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     # time limit) failed, as an exit.json with a non-zero code says for trainbench's runs.
     failed_end = failed_end or result.failure_class is not None
     status = compute_status(scan.records, total, win or (0, 0), result.last_error, failed_end,
-                            recognised=recognised, formats=formats_read())
+                            recognised=recognised)
     if status.status == INVALID:
         result.failure_class = "NaN/Inf"
     elif status.status not in (FAILED, INCOMPLETE):
@@ -646,6 +647,8 @@ def _compare(result: ExperimentResult, spec, convention: str, tolerance_pct: flo
         result.verdict = "failed"
     elif result.status == INVALID:
         result.verdict = "invalid"
+    elif result.status == UNRECOGNISED:
+        result.verdict = "format not read"
     elif not result.comparable:
         result.verdict = "not comparable (profiled)"
     elif ref is None:
