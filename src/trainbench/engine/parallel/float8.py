@@ -8,9 +8,14 @@ it in high precision) and any layer whose GEMM dimensions, as each TP rank holds
 are not multiples of 16 (FP8 GEMMs need that; e.g. the tiny Nemotron-H's Mamba in_proj,
 328 wide).
 
+`mxfp8` (Blackwell) goes through torchao's MX training instead: block-scaled FP8, one
+power-of-two scale per 32 values, so its layers need multiples of 32.
+
 FSDP2's float8 all-gather (the weights are cast to FP8 before the all-gather, halving its
-bytes) is a tensorwise feature that needs NCCL: on gloo it fails (`Invalid scalar type`),
-so a CPU run gathers bf16 weights and casts after. The run records which.
+bytes) and torchao's Float8 TP styles (FP8 sequence-parallel traffic) are tensorwise
+features that move FP8 tensors through collectives: NCCL carries them, gloo fails
+(`Invalid scalar type`), so a CPU run gathers bf16 weights and runs the plain TP styles
+around the same FP8 layers. run.json records which.
 
 On a CPU `torch._scaled_mm` runs the FP8 GEMMs in software: the numerics are FP8's (the
 same casts, scales and saturation), the speed says nothing about an FP8 GPU.
