@@ -19,8 +19,9 @@ def register(app: typer.Typer) -> None:
         workload: str = typer.Option(..., "-w", "--workload", help="Workload key, e.g. pretrain_llama3.1."),
         size: str = typer.Option(..., "-s", "--size", envvar="MODEL_SIZE", help="Model size, e.g. 8b or tiny."),
         dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
-                                            help="bf16, fp8 or fp32; default bf16 on a GPU or a "
-                                                 "CPU with native bf16, fp32 on other CPUs."),
+                                            help="bf16, fp8, mxfp8 (Blackwell) or fp32; default bf16 on "
+                                                 "a GPU or a CPU with native bf16, fp32 on other "
+                                                 "CPUs."),
         scale: int = typer.Option(..., "--scale", envvar="JOB_TOTAL_GPUS",
                                   help="Number of ranks: GPUs, or processes on a CPU machine."),
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU type (h100, b200, ..., cpu); "
