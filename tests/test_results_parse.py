@@ -446,7 +446,7 @@ FAILURES = LOGS / "failures"
 
 @pytest.mark.parametrize("name, cls, text", [
     ("cuda-oom", "CUDA out of memory", "torch.OutOfMemoryError: CUDA out of memory. Tried"),
-    ("nccl-timeout", "NCCL timeout", "ProcessGroupNCCL.cpp:"),
+    ("nccl-timeout", "NCCL timeout", "Watchdog caught collective operation timeout"),
     ("nccl-error", "NCCL error", "ncclSystemError"),
     ("segfault", "segmentation fault", "failed (exitcode: -11)"),
     ("rank-killed", "rank killed", "Signal 9 (SIGKILL)"),

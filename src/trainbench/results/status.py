@@ -42,7 +42,7 @@ FAILURE_CLASSES: tuple[tuple[str, re.Pattern], ...] = tuple(
         ("CUDA out of memory", r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|"
                                r"RESOURCE_EXHAUSTED: Out of memory"),
         ("NCCL timeout", r"Watchdog caught collective operation timeout|"
-                         r"collective operation timeout|NCCL.*\btimed? ?out|Timeout\(ms\)="),
+                         r"collective operation timeout|NCCL.*\btimed out|Timeout\(ms\)="),
         ("NCCL error", r"NCCL error|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|"
                        r"ncclRemoteError|ncclInvalidUsage|NCCL communicator was aborted"),
         ("NaN/Inf", r"(?:loss|grad(?:ient)?[ _]norm)\s*(?:is|=|:)\s*[-+]?(?:nan|inf)\b|"
