@@ -164,3 +164,31 @@ def test_cli_json_for_the_405b_default_ranks():
     # One rank per pipeline stage stands for the whole model (the unsharded counts).
     assert sum(r["params_unsharded"] for r in first_of_stage) == parameter_count(
         _plan("pretrain_llama3.1", "405b", "bf16", 512).model)
+
+
+def test_trace_says_why_cp_and_pp_plans_cannot_be_traced():
+    from trainbench.check.build import trace_rank
+    cp_plan = _plan("pretrain_llama3.1", "8b", "bf16", 8)        # CP2
+    pp_plan = _plan("pretrain_llama3.1", "70b", "fp8", 64)       # TP4 PP8 VP5, no CP
+    assert "CausalBias" in trace_rank(cp_plan, 0)["error"]
+    assert "_warmup_p2p" in trace_rank(pp_plan, 0)["error"]
+
+
+@pytest.mark.slow
+def test_trace_of_a_tp_rank_agrees_with_its_build():
+    """Nemotron-4 15B's TP2 x DP8 layout cut to 2 layers, one microbatch per rank: the
+    tracker's sharded parameters are the build's fp32 master bytes, and the bf16 copies
+    FSDP gathers while a unit runs appear as unsharded parameters."""
+    from trainbench.check.build import check_rank, trace_rank
+    plan = build_plan("pretrain_nemotron4", "15b", "bf16", 16, "h100",
+                      overrides={"layers": 2, "gbs": 16})
+    built = check_rank(plan, 0)
+    traced = trace_rank(plan, 0)
+    assert traced["error"] is None, traced
+    cats = traced["categories"]
+    assert cats["Sharded Param"] == built["param_bytes"]
+    # The largest unit gathered at once is the root (embedding and output head).
+    assert 0 < cats["Unsharded Param"] <= built["gathered_bytes"]
+    assert cats["Activation"] > 0
+    assert traced["optimizer_bytes"] == 2 * built["param_bytes"]
+    assert traced["peak_bytes"] > built["state_bytes"] - built["grad_bytes"]

@@ -152,8 +152,10 @@ CP_UNTRACEABLE = ("context parallelism cannot be traced: its attention mask, "
                   "which cannot wrap a FakeTensor ('Creating a new Tensor subclass CausalBias "
                   "but the raw Tensor object is already associated to a python object of type "
                   "FakeTensor')")
-PP_UNTRACEABLE = ("pipeline parallel steps are not traced yet: FSDPMemTracker takes one FSDP "
-                  "root and a pipeline rank holds several stage modules")
+PP_UNTRACEABLE = ("pipeline parallelism cannot be traced: the schedule's first step "
+                  "(torch.distributed.pipelining, _warmup_p2p) reads the neighbours' vote "
+                  "with .item(), which a FakeTensor cannot answer "
+                  "(DataDependentOutputException: aten._local_scalar_dense)")
 
 
 def trace_problem(plan: Plan) -> str | None:
@@ -173,9 +175,12 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
     Two microbatches reach the steady peak of a step without a pipeline: every later
     one repeats the second (FSDP gathers, frees and reduces the same units; the sharded
     gradients already exist). The optimizer step is not traced: under FakeTensorMode the
-    tracker's optimizer-state figure came out 13-25 times the two fp32 moments (seen on
-    Llama 3.1 8B and Nemotron-4 15B with 4 layers), so the moments the build counted
-    (2 x fp32 master bytes, alive across steps) are added to the traced peak instead.
+    engine's foreach AdamW shows 13-27 times the two fp32 moments alive inside the step
+    (Llama 3.1 8B and Nemotron-4 15B cut to 4 layers), while foreach=False shows none of
+    that and after the step the tracker holds exactly the two moments: an artefact of the
+    foreach kernels under fake tensors, not memory a GPU would hold. So the moments the
+    build counted (2 x the fp32 master bytes, alive across steps) are added to the traced
+    forward/backward peak instead.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
