@@ -191,6 +191,8 @@ def print_summary(out, r) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from ..results.summary import NO_PEAK_CPU_FP8
+
     # Log text (error lines quote paths like "[/src/...]") is never read as rich markup.
     table = Table(title=escape(f"{r.name}: {r.status}" + (f" ({r.status_detail})"
                                                            if r.status_detail else "")),
@@ -212,6 +214,8 @@ def print_summary(out, r) -> None:
     row("TFLOPS/GPU", r.tflops_per_gpu, "{:.4g}")
     if r.mfu_problem:  # an impossible MFU is never printed as a figure
         row("MFU", r.mfu_problem)
+    elif r.peak_source == NO_PEAK_CPU_FP8:
+        row("MFU", "not applicable: FP8 on a CPU is an emulation, for correctness only")
     else:
         row(f"MFU ({r.mfu_convention} FLOPs, peak {r.peak_source})",
             None if r.mfu_pct is None else f"{r.mfu_pct:.2f}% of {r.peak_tflops:.4g} TFLOPS")

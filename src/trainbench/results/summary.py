@@ -520,11 +520,15 @@ def _comparability(result: ExperimentResult, facts: _RunFacts, scan: LogScan) ->
                                 "valid for performance comparison")
 
 
+NO_PEAK_CPU_FP8 = "not applicable (CPU FP8 emulation: correctness only)"
+"""peak_source of a CPU FP8 run: there is no peak to measure its emulated GEMMs against."""
+
+
 def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str | None]:
     run = facts.run or {}
     if run.get("mfu_not_applicable"):  # CPU FP8: an emulation, no peak to compare with
         result.notes.append(run["mfu_not_applicable"])
-        return None, "not applicable (CPU FP8 emulation: correctness only)"
+        return None, NO_PEAK_CPU_FP8
     if run.get("peak_tflops"):
         return float(run["peak_tflops"]), run.get("peak_source") or "run.json"
     if facts.plan is not None:
