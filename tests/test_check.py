@@ -192,3 +192,21 @@ def test_trace_of_a_tp_rank_agrees_with_its_build():
     assert cats["Activation"] > 0
     assert traced["optimizer_bytes"] == 2 * built["param_bytes"]
     assert traced["peak_bytes"] > built["state_bytes"] - built["grad_bytes"]
+
+
+@pytest.mark.slow
+def test_preflight_builds_the_first_and_last_rank_and_names_a_failure():
+    """The pre-launch build (a child Python: the launcher never imports torch) passes a
+    seed row and names the rank and error of a plan whose model the TP plan cannot cut:
+    Nemotron-H's Mamba groups changed behind validation's back to 4, which TP8 cannot
+    split."""
+    from dataclasses import replace
+
+    from trainbench.check.preflight import preflight_problem, preflight_ranks
+    good = _plan("pretrain_llama3.1", "8b", "bf16", 8)
+    assert preflight_ranks(good) == [0, 7]
+    assert preflight_problem(good) is None
+    plan = _plan("pretrain_nemotronh", "56b", "fp8", 32)
+    bad = replace(plan, model=replace(plan.model, mamba_groups=4))
+    problem = preflight_problem(bad)
+    assert problem.startswith("rank 0 of TP8 PP1 CP1 DP4 does not build: ValueError: Mamba")
