@@ -176,15 +176,16 @@ def test_trace_says_why_cp_and_pp_plans_cannot_be_traced():
 
 @pytest.mark.slow
 def test_trace_of_a_tp_rank_agrees_with_its_build():
-    """Nemotron-4 15B's TP2 x DP8 layout cut to 2 layers, one microbatch per rank: the
+    """Nemotron-4 15B's TP2 x DP8 layout cut to 2 layers, two microbatches per rank: the
     tracker's sharded parameters are the build's fp32 master bytes, and the bf16 copies
     FSDP gathers while a unit runs appear as unsharded parameters."""
     from trainbench.check.build import check_rank, trace_rank
     plan = build_plan("pretrain_nemotron4", "15b", "bf16", 16, "h100",
-                      overrides={"layers": 2, "gbs": 16})
+                      overrides={"layers": 2, "gbs": 32})
     built = check_rank(plan, 0)
     traced = trace_rank(plan, 0)
     assert traced["error"] is None, traced
+    assert traced["microbatches"] == 2
     cats = traced["categories"]
     assert cats["Sharded Param"] == built["param_bytes"]
     # The largest unit gathered at once is the root (embedding and output head).

@@ -206,6 +206,8 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
             with tracker:
                 for inputs, labels in batches:
                     trainer.forward_backward_step(inputs, labels)
+                    # Module-wise stats cover one forward each; the peak is kept.
+                    tracker.reset_mod_stats()
             snapshot = tracker.get_tracker_snapshot("peak")
         (device_snapshot,) = snapshot.values()
         parts = {str(getattr(k, "value", k)): int(v) for k, v in device_snapshot.items()}
