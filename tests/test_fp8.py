@@ -24,18 +24,20 @@ from trainbench.plan import PlanError, build_plan, parse_overrides  # noqa: E402
 
 FAMILIES = ["pretrain_llama3.1", "pretrain_llama2", "pretrain_nemotron4", "pretrain_nemotronh"]
 
-# FP8 vs bf16 of the same one-rank plan over 50 steps of the learnable task. Measured on a
-# 2-core AMD EPYC, torch 2.13.0 CPU, torchao 0.18.0 (largest |fp8 - bf16| / bf16 loss
-# over the 50 steps): Llama 3.1 0.7%, Llama 2 0.7%, Nemotron-4 1.0%, Nemotron-H 1.0%.
-# FP8's quantisation noise is a different trajectory, not a failure to learn, so the
-# bound sits just above the largest measured deviation.
-FP8_VS_BF16_RTOL = 0.02
+# FP8 vs bf16 of the same plan (the tiny recipe's DP2) over 50 steps of the learnable
+# task, largest |fp8 - bf16| / bf16 loss over the 50 steps, measured on a 2-core AMD EPYC
+# (AVX2, no native bf16), torch 2.13.0 CPU, torchao 0.18.0: Llama 3.1 0.094%, Llama 2
+# 0.096%, Nemotron-4 0.18%, Nemotron-H 0.16%. FP8's rounding is a slightly different
+# trajectory, not a failure to learn; the bound sits just above the largest of them.
+FP8_VS_BF16_RTOL = 3e-3
 # A parallel FP8 layout vs one FP8 process, 3 steps. Tensorwise scales are amaxes over
 # the whole tensor (torchao all-reduces them over TP shards), so layouts differ only in
-# the order of sums, which FP8's rounding can amplify by a step of the e4m3 grid on a
-# few elements. Largest measured relative deviation: 3e-5 (losses) and 2e-4 (grad norms).
-FP8_PARITY_RTOL = 1e-3
-
+# the order of sums, which FP8 rounding can amplify by a step of the e4m3 grid on a few
+# elements. Largest measured relative deviations (same machine, every layout below plus
+# DP2 and rowwise TP2): losses 3.2e-5 (Llama 3.1 TP2 PP2 CP2 VP2), gradient norms 1.8e-3
+# (Nemotron-H TP2 DP2); fp32 layouts agree to 1e-5 (tests/test_parallel_parity.py).
+FP8_PARITY_LOSS_RTOL = 1e-4
+FP8_PARITY_GRAD_NORM_RTOL = 3e-3
 # FP8 GEMMs on a CPU are software (torch._scaled_mm): about 0.5 s per tiny step on one
 # idle core pair, many times that on a shared machine.
 RUN_TIMEOUT = 1800
@@ -178,9 +180,9 @@ def one_fp8_process(tmp_path_factory):
 def assert_matches(metrics: list[dict], reference: list[dict]) -> None:
     assert len(metrics) == len(reference) == 3
     assert [r["loss"] for r in metrics] == pytest.approx([r["loss"] for r in reference],
-                                                         rel=FP8_PARITY_RTOL)
+                                                         rel=FP8_PARITY_LOSS_RTOL)
     assert [r["grad_norm"] for r in metrics] == pytest.approx(
-        [r["grad_norm"] for r in reference], rel=FP8_PARITY_RTOL)
+        [r["grad_norm"] for r in reference], rel=FP8_PARITY_GRAD_NORM_RTOL)
 
 
 @pytest.mark.dist
@@ -222,7 +224,7 @@ def test_rowwise_recipe_trains_under_tensor_parallel_like_one_process(tmp_path):
                 dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
     tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2 fp8_recipe=rowwise",
                dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
-    assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_RTOL)
+    assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_LOSS_RTOL)
     for exp in (one, tp):
         assert json.loads((exp / "run.json").read_text())["fp8"]["recipe"] == "rowwise"
 
@@ -275,8 +277,9 @@ def test_mxfp8_trains_on_a_cpu_and_tensor_parallel_matches_one_process(tmp_path)
     tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2", dtype="mxfp8", steps=3,
                timeout=RUN_TIMEOUT)
     fp8 = train(tmp_path, "pretrain_llama3.1", 1, dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
-    assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_RTOL)
+    assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_LOSS_RTOL)
     assert losses(one) != losses(fp8)
+    # Two FP8 formats of the same weights, 3 steps: as close as FP8 is to bf16 (2.6e-5 here).
     assert losses(one) == pytest.approx(losses(fp8), rel=FP8_VS_BF16_RTOL)
     run = json.loads((one / "run.json").read_text())
     assert run["fp8"]["recipe"].startswith("mxfp8") and run["fp8"]["float8_linears"] == 28
