@@ -95,7 +95,7 @@ def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None
                                             traced["peak_bytes"])
             if progress is not None:
                 progress({"rank": info["rank"], "error": traced.get("error"),
-                          "build_s": traced["trace_s"], "what": "traced"})
+                          "build_s": traced.get("trace_s", 0.0), "what": "traced"})
     return {"workload": plan.workload, "size": plan.size, "dtype": plan.dtype,
             "gpus": plan.gpus, "gpu_type": plan.gpu_type, "layout": plan.layout.describe(),
             "ranks": results}
@@ -222,8 +222,9 @@ def register(app) -> None:
 
         def progress(info: dict) -> None:
             if fmt == "table":
-                state = (f"failed: {info['error']}" if info.get("error")
-                         else info.get("what", "built"))
+                what = info.get("what", "built")
+                state = ((f"not {what}: " if what == "traced" else "failed: ") + info["error"]
+                         if info.get("error") else what)
                 typer.echo(f"rank {info['rank']}: {state} ({info['build_s']:.1f} s)", err=True)
 
         data = check_plan(plan, ranks, config=config, progress=progress, trace=trace)
