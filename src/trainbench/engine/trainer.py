@@ -33,7 +33,7 @@ from .parallel.mesh import ParallelDims
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16,
                   "fp32": torch.float32}
-CPU_FP8_NO_MFU = ("MFU not applicable: FP8 on a CPU is an emulation (torch._scaled_mm in "
+CPU_FP8_NO_MFU = ("MFU not applicable: FP8 on a CPU is an emulation (FP8 GEMMs in "
                   "software) run for correctness, not a performance figure")
 
 

@@ -34,24 +34,28 @@ MX_BLOCK = 32
 dimension in turn (forward, input gradient, weight gradient)."""
 
 
-def _require_torchao():
+def _require_torchao(mx: bool = False):
     import logging
 
     import torch
     # torchao's wheel carries CUDA kernels (_C*.so) and warns on import for each one that
-    # cannot load; a CPU uses none of them, so the warnings would only alarm. On a GPU
-    # they stay: a kernel that fails to load there matters.
-    quiet = not torch.cuda.is_available()
-    log = logging.getLogger("torchao")
-    level = log.level
-    if quiet:
-        log.setLevel(logging.ERROR)
+    # cannot load; a CPU uses none of them, so the warnings would only alarm (on a GPU
+    # they stay: a kernel that fails to load there matters). Its enum registrations draw
+    # a torch deprecation warning on every rank, which the launcher would read as a rank's
+    # error output ("[rank0]:W...") and copy every later line into the log again.
+    quiet = ["torch.utils._pytree"] + (["torchao"] if not torch.cuda.is_available() else [])
+    levels = {name: logging.getLogger(name).level for name in quiet}
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         import torchao.float8  # noqa: F401
+        if mx:
+            import torchao.prototype.moe_training.config  # noqa: F401
     except ImportError:
         raise RuntimeError("--dtype fp8 needs torchao: pip install 'trainbench[fp8]'") from None
     finally:
-        log.setLevel(level)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def float8_all_gather(plan: Plan, backend: str) -> bool:
@@ -79,7 +83,7 @@ def eligible(module: nn.Module, fqn: str, tp: int = 1, multiple: int = FP8_DIM_M
 def convert(model: nn.Module, plan: Plan, backend: str) -> None:
     """Convert `model` (on the meta device, before TP and FSDP) in place, and mark the
     converted layers (`lowp_linear`) for run.json."""
-    _require_torchao()
+    _require_torchao(mx=plan.dtype == "mxfp8")
     tp = plan.layout.tp
     if plan.dtype == "mxfp8":
         chosen = [m for name, m in model.named_modules() if eligible(m, name, tp, MX_BLOCK)]
