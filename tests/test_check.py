@@ -11,6 +11,7 @@ sum.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -211,3 +212,22 @@ def test_preflight_builds_the_first_and_last_rank_and_names_a_failure():
     bad = replace(plan, model=replace(plan.model, mamba_groups=4))
     problem = preflight_problem(bad)
     assert problem.startswith("rank 0 of TP8 PP1 CP1 DP4 does not build: ValueError: Mamba")
+
+
+@pytest.mark.slow
+def test_run_builds_a_multi_node_plan_before_submitting(tmp_path):
+    """`run --executor slurm` of the 405B on 512 GPUs builds ranks 0 and 511 before it
+    submits (here sbatch is missing, so the submission is refused after the check);
+    --no-check skips the build."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINBENCH")}
+    env.update(HOME=str(tmp_path), TRAINBENCH_ROOT=str(tmp_path / "root"),
+               PATH=os.path.dirname(sys.executable) + ":/usr/bin:/bin")
+    args = [*TRAINBENCH, "run", "-w", "pretrain_llama3.1", "-s", "405b", "--scale", "512",
+            "--gpu", "h100", "--executor", "slurm"]
+    checked = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
+    skipped = subprocess.run([*args, "--no-check"], capture_output=True, text=True, env=env,
+                             timeout=900)
+    for proc in (checked, skipped):
+        assert proc.returncode == 2 and "sbatch not found" in proc.stderr
+    assert "ranks 0 and 511 build" in checked.stdout
+    assert "ranks 0 and 511 build" not in skipped.stdout

@@ -56,6 +56,9 @@ def register(app: typer.Typer) -> None:
         exclusive: bool = typer.Option(True, "--exclusive/--no-exclusive"),
         gres: Optional[str] = typer.Option(None, "--gres", help="e.g. gpu:8; default none."),
         slurm_args: List[str] = typer.Option([], "--slurm-arg", help="Extra sbatch argument (repeatable)."),
+        no_check: bool = typer.Option(False, "--no-check",
+                                      help="Skip building rank 0 and the last rank under a fake "
+                                           "process group before submitting a multi-node plan."),
     ):
         """Plan a workload and train it: here with torchrun, or on Slurm."""
         from .request import RunRequest, SlurmRequest
@@ -68,7 +71,8 @@ def register(app: typer.Typer) -> None:
             checkpoint_interval=checkpoint_interval, load_checkpoint=load_checkpoint,
             slurm=SlurmRequest(account=account, partition=partition, time_limit=time_limit,
                                nodelist=nodelist, exclude=exclude, reservation=reservation,
-                               exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))))
+                               exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))),
+                preflight=not no_check)
 
 
 def _refuse(problems) -> None:
@@ -77,7 +81,7 @@ def _refuse(problems) -> None:
     raise typer.Exit(2)
 
 
-def execute(req) -> None:
+def execute(req, preflight: bool = True) -> None:
     """Plan the request, print the plan, then dry-run, submit or run it, and print what
     came back. Every refusal is one line per problem and exit code 2."""
     from ..cli import console, fail
@@ -96,7 +100,7 @@ def execute(req) -> None:
         out.print(f"dtype: {plan.dtype} ({planned.dtype_reason})", highlight=False)
     warn_if_predicted_not_to_fit(out, plan, planned.cluster)
     if req.executor == "slurm":
-        submit(out, req, planned)
+        submit(out, req, planned, preflight)
         return
     if req.dry_run:
         print_rank_layout(out, plan)
@@ -118,7 +122,7 @@ def execute(req) -> None:
         fail(f"run failed: {reason}; log kept in {started.exp_dir}", code=code)
 
 
-def submit(out, req, planned) -> None:
+def submit(out, req, planned, preflight: bool = True) -> None:
     """A planned run on Slurm: the job script printed (dry run) or submitted."""
     from ..cli import fail
     from .slurm import SlurmError, SlurmOptions, launch_on_slurm, submit_plan
@@ -133,6 +137,14 @@ def submit(out, req, planned) -> None:
                             opts, planned.cluster, dry_run=True)
             out.print("dry run: nothing submitted")
             return
+        if preflight and plan.num_nodes > 1:
+            # A shape bug in the real model costs seconds here, not a queue wait on many nodes.
+            from ..check.preflight import preflight_problem, preflight_ranks
+            ranks = " and ".join(str(r) for r in preflight_ranks(plan))
+            problem = preflight_problem(plan)
+            if problem:
+                fail(f"{problem}; fix the plan, or skip this check with --no-check")
+            out.print(f"ranks {ranks} build (fake process group, meta device)", highlight=False)
         exp_dir, job_id = submit_plan(plan, planned.root, opts, planned.cluster)
     except SlurmError as err:
         _refuse(err.problems)
