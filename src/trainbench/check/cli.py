@@ -148,6 +148,10 @@ def print_table(data: dict) -> None:
             continue
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in traced["categories"].items())
         pred = r["predicted"]
+        if pred is None:
+            out.print(f"rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:.2f} GiB "
+                      f"({parts}); predict cannot describe this plan", highlight=False)
+            continue
         out.print(f"rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:.2f} GiB = "
                   f"forward/backward of {traced['microbatches']} microbatches "
                   f"{traced['forward_backward_peak_bytes'] / GIB:.2f} ({parts}) + AdamW "
