@@ -45,7 +45,8 @@ def results_in(cwd: Path, *args: str, root: Path) -> subprocess.CompletedProcess
 def test_results_without_a_path_reads_root_experiments_not_the_current_directory(tmp_path):
     cwd, root = tmp_path / "cwd", tmp_path / "root"
     shutil.copytree(LOGS / "nemo1", cwd / "nemo1")  # logs lying around here: not read
-    shutil.copytree(LOGS / "maxtext", root / "experiments" / "maxtext")
+    # One MaxText run (the seeds' results/ tree), so the expected row count is known.
+    shutil.copytree(LOGS / "maxtext" / "results", root / "experiments" / "maxtext")
     res = results_in(cwd, "--format", "csv", root=root)
     assert res.returncode == 0, res.stderr
     rows = res.stdout.strip().splitlines()[1:]
@@ -59,7 +60,7 @@ def test_results_root_option_and_a_root_without_experiments(tmp_path):
     line = one_error_line(results_in(cwd, root=root))
     assert f"no experiments yet under {root / 'experiments'}" in line
     other = tmp_path / "other"
-    shutil.copytree(LOGS / "maxtext", other / "experiments" / "maxtext")
+    shutil.copytree(LOGS / "maxtext" / "results", other / "experiments" / "maxtext")
     res = results_in(cwd, "--root", str(other), "--format", "csv", root=root)
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.strip().splitlines()) == 2 and "maxtext" in res.stdout
