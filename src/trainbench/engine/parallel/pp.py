@@ -37,8 +37,12 @@ def split_into_stages(model: nn.Module, plan: Plan, pp_rank: int) -> list[tuple[
     last = lay.pp * lay.vp - 1
     stages = []
     for index in rank_stages(pp_rank, lay.pp, lay.vp):
-        part = copy.deepcopy(model)
         owned = {str(i) for i in split[index]}
+        # Layers the stage does not own are never copied (the memo maps them to None,
+        # then they are dropped): a 340B rank with 12 virtual stages would otherwise copy
+        # the whole meta model 12 times.
+        memo = {id(layer): None for key, layer in model.layers.items() if key not in owned}
+        part = copy.deepcopy(model, memo)
         for key in list(part.layers.keys()):
             if key not in owned:
                 del part.layers[key]
