@@ -2,7 +2,7 @@
 stays fast).
 
 GPUs run bf16, the recipes' own dtype. A CPU runs bf16 only where it has native bf16
-instructions (AVX512-BF16 or AMX-BF16); elsewhere PyTorch emulates bf16 GEMMs, about 3x
+instructions (AVX512-BF16 or AMX-BF16); elsewhere PyTorch emulates bf16 GEMMs, several times
 slower than fp32 for the tiny Llama on a 2-core AVX2 EPYC (0.31 s vs 0.115 s per step on
 2 ranks), so fp32 is the default there.
 """
@@ -45,7 +45,7 @@ def default_dtype(gpu_type: str, cpuinfo: str | None = None,
             dtype, why = "bf16", f"default on this CPU: native bf16 ({', '.join(flags)})"
         else:
             dtype, why = "fp32", ("default on this CPU: no native bf16 (avx512_bf16/amx_bf16), "
-                                  "bf16 would run ~3x slower")
+                                  "bf16 GEMMs would be emulated, several times slower than fp32")
     if available and dtype not in available:
         fallback = next((d for d in ("bf16", "fp32", "fp8") if d in available), available[0])
         return fallback, f"the workload's only recipe dtypes are {', '.join(available)}"
