@@ -4,11 +4,10 @@ import json
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from helpers import experiment_dirs, losses, read_metrics, run_cli, train
+from helpers import experiment_dirs, losses, processes_naming, read_metrics, run_cli, train
 
 pytestmark = pytest.mark.dist
 
@@ -41,19 +40,6 @@ def test_run_writes_log_metrics_and_never_overwrites(tmp_path):
     assert json.loads((first / "exit.json").read_text())["exit_code"] == 0
 
 
-def live_processes_naming(text: str) -> list[str]:
-    """Full command lines of running processes containing text (ps would cut them short)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text in args and state != "Z":
-            found.append(args)
-    return found
-
 
 @pytest.mark.slow
 def test_killed_rank_ends_the_job_with_a_clear_message(tmp_path):
@@ -76,7 +62,7 @@ def test_killed_rank_ends_the_job_with_a_clear_message(tmp_path):
     assert exit_record["exit_code"] == res.returncode
     summary = json.loads(run_cli("results", str(exp), "--format", "json").stdout)
     assert summary["experiments"][0]["status"] == "Failed"
-    assert live_processes_naming(str(exp)) == []  # no orphan rank
+    assert processes_naming(str(exp)) == []  # no orphan rank
 
 
 def test_bad_run_input_is_one_line(tmp_path):
@@ -127,6 +113,6 @@ def test_killing_the_launcher_stops_every_rank(tmp_path):
     summary = json.loads(run_cli("results", str(exp), "--format", "json").stdout)
     assert summary["experiments"][0]["status"] == "Failed"
     deadline = time.monotonic() + 120  # a bound only: the ranks are normally gone already
-    while live_processes_naming(str(exp)) and time.monotonic() < deadline:
+    while processes_naming(str(exp)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert live_processes_naming(str(exp)) == []  # no rank outlived the launcher
+    assert processes_naming(str(exp)) == []  # no rank outlived the launcher

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import experiment_dirs, read_metrics, run_cli
+from helpers import experiment_dirs, processes_naming, read_metrics, run_cli
 from trainbench.launch.experiment import launcher_gone, process_start_ticks
 from trainbench.launch.jobs import JobsDB
 from trainbench.launch.local import MIN_FREE_BYTES, describe_failure
@@ -166,38 +166,32 @@ def test_a_full_disk_ends_the_run_failed_settled_and_cleaned_up(small_disk):
 
 # --- a launcher killed with SIGKILL -------------------------------------------------------------
 
-def processes_naming(text: str) -> list[str]:
-    """Command lines of the live processes that contain text (in full: ps may cut them)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if text in args and state != "Z":  # a zombie has ended; only its parent's wait is due
-            found.append(args)
-    return found
+def start_long_run(root: Path, stderr) -> subprocess.Popen:
+    """The real launcher on a run far longer than any test, in its own session."""
+    env = dict(os.environ, TRAINBENCH_ROOT=str(root), TRAINBENCH_CONFIG=str(root / "cluster.yaml"))
+    env.pop("TRAINBENCH_FAIL_AT_STEP", None)
+    return subprocess.Popen([sys.executable, "-m", "trainbench.cli", *TINY_RUN, "--steps", "5000"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=stderr, text=True,
+                            start_new_session=True)
+
+
+def wait_for_two_steps(root: Path, launcher: subprocess.Popen) -> Path:
+    """The run's experiment directory once it has logged two steps (ranks up and training)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and launcher.poll() is None:
+        found = experiment_dirs(root) if (root / "experiments").exists() else []
+        if found and len(read_metrics(found[0])) >= 2:
+            return found[0]
+        time.sleep(0.5)
+    raise AssertionError("the run never logged two steps")
 
 
 @pytest.mark.slow
 @pytest.mark.dist
 def test_a_launcher_killed_with_sigkill_leaves_no_rank_and_a_failed_run(tmp_path):
-    env = dict(os.environ, TRAINBENCH_ROOT=str(tmp_path),
-               TRAINBENCH_CONFIG=str(tmp_path / "cluster.yaml"))
-    env.pop("TRAINBENCH_FAIL_AT_STEP", None)
-    launcher = subprocess.Popen([sys.executable, "-m", "trainbench.cli", *TINY_RUN,
-                                 "--steps", "5000"], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+    launcher = start_long_run(tmp_path, stderr=subprocess.DEVNULL)
     try:
-        exp = None
-        deadline = time.monotonic() + 600
-        while exp is None and time.monotonic() < deadline and launcher.poll() is None:
-            found = experiment_dirs(tmp_path) if (tmp_path / "experiments").exists() else []
-            if found and len(read_metrics(found[0])) >= 2:
-                exp = found[0]
-            time.sleep(0.5)
-        assert exp is not None, "the run never logged two steps"
+        exp = wait_for_two_steps(tmp_path, launcher)
         assert len(processes_naming(str(exp))) == 3  # torchrun and both ranks run
     finally:
         launcher.send_signal(signal.SIGKILL)
@@ -244,21 +238,10 @@ def test_a_recorded_launcher_is_alive_only_with_its_own_start_time(tmp_path):
 @pytest.mark.dist
 def test_ranks_die_with_torchrun_and_the_launcher_reports_it(tmp_path):
     """torchrun killed with SIGKILL cannot stop its ranks: they die with their parent."""
-    env = dict(os.environ, TRAINBENCH_ROOT=str(tmp_path),
-               TRAINBENCH_CONFIG=str(tmp_path / "cluster.yaml"))
-    env.pop("TRAINBENCH_FAIL_AT_STEP", None)
-    launcher = subprocess.Popen([sys.executable, "-m", "trainbench.cli", *TINY_RUN,
-                                 "--steps", "5000"], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = start_long_run(tmp_path, stderr=subprocess.PIPE)
+    exp = None
     try:
-        exp = None
-        deadline = time.monotonic() + 600
-        while exp is None and time.monotonic() < deadline and launcher.poll() is None:
-            found = experiment_dirs(tmp_path) if (tmp_path / "experiments").exists() else []
-            if found and len(read_metrics(found[0])) >= 2:
-                exp = found[0]
-            time.sleep(0.5)
-        assert exp is not None, "the run never logged two steps"
+        exp = wait_for_two_steps(tmp_path, launcher)
         agents = [p for p in Path("/proc").iterdir() if p.name.isdigit()
                   and b"torch.distributed.run" in _cmdline(p) and str(exp).encode() in _cmdline(p)]
         assert len(agents) == 1

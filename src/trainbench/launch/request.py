@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..plan import Plan
+from .slurm import SlurmOptions
 
 
 class RunRequestError(Exception):
@@ -27,19 +28,6 @@ class RunRequestError(Exception):
     def __init__(self, *problems: str):
         super().__init__(problems[0] if problems else "invalid run request")
         self.problems = list(problems)
-
-
-@dataclass(frozen=True)
-class SlurmRequest:
-    account: str | None = None
-    partition: str | None = None
-    time_limit: str = "00:30:00"
-    nodelist: str | None = None
-    exclude: str | None = None
-    reservation: str | None = None
-    exclusive: bool = True
-    gres: str | None = None
-    extra_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,7 +55,8 @@ class RunRequest:
     checkpoint: bool = False
     checkpoint_interval: int = 0
     load_checkpoint: str | None = None
-    slurm: SlurmRequest = field(default_factory=SlurmRequest)
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    """sbatch options for --executor slurm."""
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 

@@ -61,7 +61,8 @@ def register(app: typer.Typer) -> None:
                                            "process group before submitting a multi-node plan."),
     ):
         """Plan a workload and train it: here with torchrun, or on Slurm."""
-        from .request import RunRequest, SlurmRequest
+        from .request import RunRequest
+        from .slurm import SlurmOptions
         execute(RunRequest(
             workload=workload, size=size, scale=scale, dtype=dtype, gpu=gpu,
             gpus_per_node=gpus_per_node, steps=steps, settings=tuple(settings),
@@ -69,7 +70,7 @@ def register(app: typer.Typer) -> None:
             executor=executor, profile=profile, profile_steps=profile_steps,
             profile_ranks=profile_ranks, nccl_trace=nccl_trace, checkpoint=checkpoint,
             checkpoint_interval=checkpoint_interval, load_checkpoint=load_checkpoint,
-            slurm=SlurmRequest(account=account, partition=partition, time_limit=time_limit,
+            slurm=SlurmOptions(account=account, partition=partition, time_limit=time_limit,
                                nodelist=nodelist, exclude=exclude, reservation=reservation,
                                exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))),
                 preflight=not no_check)
@@ -125,11 +126,8 @@ def execute(req, preflight: bool = True) -> None:
 def submit(out, req, planned, preflight: bool = True) -> None:
     """A planned run on Slurm: the job script printed (dry run) or submitted."""
     from ..cli import fail
-    from .slurm import SlurmError, SlurmOptions, launch_on_slurm, submit_plan
-    plan, s = planned.plan, req.slurm
-    opts = SlurmOptions(account=s.account, partition=s.partition, time_limit=s.time_limit,
-                        nodelist=s.nodelist, exclude=s.exclude, reservation=s.reservation,
-                        exclusive=s.exclusive, gres=s.gres, extra_args=s.extra_args)
+    from .slurm import SlurmError, launch_on_slurm, submit_plan
+    plan, opts = planned.plan, req.slurm
     try:
         if req.dry_run:
             print_rank_layout(out, plan)
