@@ -164,6 +164,16 @@ def test_a_full_disk_ends_the_run_failed_settled_and_cleaned_up(small_disk):
     assert len(JobsDB(small_disk).list()) == 1
 
 
+def test_a_slurm_submission_on_a_full_disk_is_refused_before_it_creates_anything(small_disk):
+    fill(small_disk / "filler")
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "8b", "--scale", "8", "--gpu", "h100",
+                  "--executor", "slurm", root=small_disk)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("trainbench: error: disk full:")
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
 # --- a launcher killed with SIGKILL -------------------------------------------------------------
 
 def start_long_run(root: Path, stderr) -> subprocess.Popen:

@@ -280,7 +280,9 @@ def plan_run(req: RunRequest) -> PlannedRun:
 def _check_where_the_run_is_recorded(req: RunRequest, root: Path) -> None:
     from .experiment import root_problem
     from .jobs import JobsDB, JobsDBError
-    problem = root_problem(root)
+    from .local import disk_space_problem
+    # A Slurm job writes its experiment under the same root: a full disk stops it too.
+    problem = root_problem(root) or disk_space_problem(root)
     if problem:
         raise RunRequestError(problem)
     if req.executor == "local":
@@ -291,11 +293,10 @@ def _check_where_the_run_is_recorded(req: RunRequest, root: Path) -> None:
 
 
 def local_problem(planned: PlannedRun) -> str | None:
-    """What stops a planned local run on this machine: devices, memory, disk."""
-    from .local import disk_space_problem
+    """What stops a planned local run on this machine: devices, memory (the disk was
+    checked with the root, in plan_run)."""
     plan = planned.plan
-    problem = cpu_memory_problem(plan) if plan.device == "cpu" else local_gpu_problem(plan)
-    return problem or disk_space_problem(planned.root)
+    return cpu_memory_problem(plan) if plan.device == "cpu" else local_gpu_problem(plan)
 
 
 @dataclass(frozen=True)
