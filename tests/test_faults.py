@@ -20,7 +20,7 @@ import pytest
 from helpers import experiment_dirs, processes_naming, read_metrics, run_cli
 from trainbench.launch.experiment import launcher_gone, process_start_ticks
 from trainbench.launch.jobs import JobsDB
-from trainbench.launch.local import MIN_FREE_BYTES, describe_failure
+from trainbench.launch.local import MIN_FREE_BYTES, Progress, RankOutput, describe_failure
 
 TINY_RUN = ("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--dtype", "fp32", "--scale", "2",
             "--gpu", "cpu")
@@ -92,6 +92,33 @@ def test_an_own_error_beats_a_peer_error_and_a_full_disk_is_named():
     errors = {0: RESET, 1: "disk full: OSError: [Errno 28] No space left on device"}
     reason = describe_failure(1, lines, errors)
     assert reason.startswith("disk full: rank 1 failed (exit code 1): OSError: [Errno 28]")
+
+
+def test_an_error_line_glued_to_a_peers_line_is_still_read(tmp_path):
+    # What the CI run of 2026-11-23 lost: rank 1 printed its text, rank 0's whole error
+    # line landed before rank 1's newline, and rank 0 was reported with no cause.
+    out = RankOutput(Progress(10, interactive=False), tmp_path / "run.log")
+    out.line("[rank 1] trainbench engine error: RuntimeError: Connection closed by peer"
+             "[rank 0] trainbench engine error: disk full: OSError: [Errno 28] No space left")
+    assert out.errors == {1: "RuntimeError: Connection closed by peer",
+                          0: "disk full: OSError: [Errno 28] No space left"}
+
+
+def test_ranks_sharing_one_pipe_never_glue_their_lines():
+    # Two unbuffered processes, as torchrun's ranks run, printing onto one pipe at once.
+    script = ("import sys; from trainbench.engine.__main__ import whole_lines; whole_lines(); "
+              "[print(f'[rank {sys.argv[1]}] line {i} ' + 'x' * 60, file=sys.stderr) "
+              "for i in range(20000)]")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    read, write = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(rank)], stderr=write, env=env)
+             for rank in (0, 1)]
+    os.close(write)
+    with os.fdopen(read) as merged:
+        lines = merged.read().splitlines()
+    assert [p.wait() for p in procs] == [0, 0]
+    assert len(lines) == 40000
+    assert all(line.count("[rank ") == 1 and line.endswith("x" * 60) for line in lines)
 
 
 # --- a full disk -------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ def main(argv: list[str]) -> int:
         print("trainbench: error: usage: python -m trainbench.engine EXPERIMENT_DIR/plan.json",
               file=sys.stderr)
         return 2
+    whole_lines()
     from ..plan import Plan, PlanError
     plan_path = Path(argv[0])
     try:
@@ -54,6 +55,18 @@ def main(argv: list[str]) -> int:
         return 1
     trainer.close()
     return 0
+
+
+def whole_lines() -> None:
+    """Each printed line leaves in one write. Unbuffered (PYTHONUNBUFFERED), print writes
+    the text and its newline separately, and on the pipe the ranks share a peer's line can
+    land between them: the launcher would then miss a rank's error line, glued to the end
+    of another's. One write below the pipe's atomic size is never split."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+        except (AttributeError, ValueError):  # not a TextIOWrapper (a test's capture)
+            pass
 
 
 def die_with_parent() -> None:

@@ -175,6 +175,7 @@ def _interrupt(signum, frame):
 # glog-style lines (torchrun's agent, c10d's C++ warnings): "W1123 06:31:20.270000 5230 ...".
 _GLOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
 _RANK_ERROR = re.compile(r"^\[rank (\d+)\] trainbench engine error: (.*)$")
+_RANK_ERROR_INSIDE = re.compile(r"(?<=.)\[rank \d+\] trainbench engine error: ")
 # torch prefixes a rank's uncaught traceback with "[rank0]:".
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
 
@@ -195,6 +196,12 @@ class RankOutput:
         self._pending: list[str] = []
 
     def line(self, text: str) -> None:
+        # Two ranks' lines glued together (an older engine, another tool's unbuffered
+        # print): the error line that starts inside is read as the line it was.
+        if m := _RANK_ERROR_INSIDE.search(text):
+            self.line(text[:m.start()])
+            self.line(text[m.start():])
+            return
         if STEP_LINE.search(text):
             self.progress.line(text)
             return
