@@ -78,7 +78,7 @@ def test_tp_pp_slice_adds_up_to_the_model(row):
     ("pretrain_nemotronh", "56b", "fp8", 32),     # TP8, FP8 conversion: 8 ranks
     # The 405B (TP8 PP8 CP2 VP8) is built by test_cli_json_for_the_405b_default_ranks:
     # its full 64-rank slice took ~110 s on 2 cores, which the suite's 30 minutes lack.
-    ("pretrain_nemotron4", "340b", "bf16", 128),  # TP8 PP8 VP12: 64 ranks
+    # Nemotron-4 340B (TP8 PP8 VP12): two TP ranks a stage, in the test below.
 ])
 def test_tp_pp_slice_adds_up_to_the_model_slow(row):
     plan, results = _check_slice(*row)
@@ -88,6 +88,30 @@ def test_tp_pp_slice_adds_up_to_the_model_slow(row):
         for r in results:
             by_pp.setdefault(r["pp"], set()).add(json.dumps(r["stages"]))
         assert all(len(v) == 1 for v in by_pp.values())
+
+
+@pytest.mark.slow
+def test_nemotron4_340b_slice_from_the_outer_tp_ranks_of_every_stage():
+    """Nemotron-4 340B, TP8 PP8 VP12 (64 ranks a slice; all 64 cost ~70 s on 2 cores): the
+    first and last TP rank of every pipeline stage. TP ranks of a stage are the same code
+    on the same shapes, so the two must agree exactly, and the stage's slice is tp x its
+    TP-sharded part plus one copy of what TP replicates; a weight TP forgot to shard, or a
+    layer a stage dropped or repeated, still breaks the sum."""
+    from trainbench.check.build import check_ranks
+    plan = _plan("pretrain_nemotron4", "340b", "bf16", 128)
+    lay = plan.layout
+    ranks = [r for r in _slice_ranks(plan) if r % lay.tp in (0, lay.tp - 1)]
+    results = check_ranks(plan, ranks)
+    assert len(results) == 2 * lay.pp
+    total = 0
+    for first, last in zip(results[::2], results[1::2]):
+        assert first["error"] is None and last["error"] is None
+        assert (first["pp"], first["tp"], last["tp"]) == (last["pp"], 0, lay.tp - 1)
+        keys = ("params_tp_local", "params_tp_replicated", "stages")
+        assert [first[k] for k in keys] == [last[k] for k in keys]
+        total += (first["params_tp_local"] - first["params_tp_replicated"]) * lay.tp \
+            + first["params_tp_replicated"]
+    assert total == parameter_count(plan.model)
 
 
 def test_fsdp_shards_of_one_replica_add_up_to_the_model():
