@@ -39,8 +39,6 @@ import torch
 from ..catalog import hardware
 from ..plan import Plan
 
-# Row-parallel linear layers (input features split by TP); all others split outputs.
-ROW_PARALLEL = ("wo", "w2", "out_proj")
 MAX_DIM = 1024
 LAYOUTS = ("NT", "NN", "TN", "TT")  # A then B: N contiguous, T a transposed view
 # Extra layouts stop being tried once this much time went to measuring (a CPU run of a
@@ -85,6 +83,8 @@ def linear_shapes(plan: Plan) -> list[tuple[str, int, int]]:
     from .models import build_model
     with torch.device("meta"):
         model = build_model(plan.model)
+    from .parallel.tp import row_parallel_linears
+    row_parallel = row_parallel_linears()
     tp = plan.layout.tp
     shapes: dict[tuple[int, int], str] = {}
     for name, module in model.named_modules():
@@ -92,7 +92,7 @@ def linear_shapes(plan: Plan) -> list[tuple[str, int, int]]:
             continue
         leaf = name.rsplit(".", 1)[-1]
         d_in, d_out = module.in_features, module.out_features
-        if leaf in ROW_PARALLEL:
+        if leaf in row_parallel:
             d_in = max(1, d_in // tp)
         else:
             d_out = max(1, d_out // tp)

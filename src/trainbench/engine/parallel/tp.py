@@ -82,6 +82,19 @@ TRANSFORMER_PLAN: dict[str, ParallelStyle] = {
 """Llama and Nemotron-4 (engine/models/transformer.py)."""
 
 
+def _mamba_linear_styles() -> dict[str, ParallelStyle]:
+    return {"in_proj": ColwiseParallel(), "out_proj": RowwiseParallel(output_layouts=Shard(1))}
+
+
+def row_parallel_linears() -> frozenset[str]:
+    """Names of the linear layers TP splits by input features (all others it splits by
+    output features), read from the plans above: what the CPU peak needs to time each
+    layer at the shape one rank really computes."""
+    styles = {**_attention_styles("a"), **_mlp_styles("m"), **_mamba_linear_styles()}
+    return frozenset(name.rsplit(".", 1)[-1] for name, style in styles.items()
+                     if isinstance(style, RowwiseParallel))
+
+
 class MambaMixerParallel(ParallelStyle):
     """Split a Mamba-2 mixer by heads and groups, as Megatron does (see mamba2.py).
 
@@ -103,7 +116,7 @@ class MambaMixerParallel(ParallelStyle):
         if module.n_groups % tp or module.n_heads % tp:
             raise ValueError(f"Mamba heads {module.n_heads} and groups {module.n_groups} "
                              f"must be divisible by TP={tp}")
-        styles = {"in_proj": ColwiseParallel(), "out_proj": RowwiseParallel(output_layouts=Shard(1))}
+        styles = _mamba_linear_styles()
         if self.plan is not None:
             styles = with_float8_styles(module, styles, self.plan)
         parallelize_module(module, device_mesh, styles)
