@@ -60,7 +60,9 @@ class Layout:
         if self.vp > 1:
             text += f" VP{self.vp}"
         if self.dp_shard and self.dp_shard != self.dp:
-            text += f" (FSDP groups of {self.dp_shard})"
+            # The recipe's HSDP; trainbench's engine runs one FSDP group over dp x cp
+            # (its memory check says so), so the groups are the recipe's, not the run's.
+            text += f" (recipe: FSDP groups of {self.dp_shard}; the engine shards over all DP)"
         return text
 
 
