@@ -320,8 +320,10 @@ def job_environment(plan, cluster: dict) -> list[tuple[str, str]]:
 def _engine_lines(plan, exp: str) -> list[str]:
     """What torchrun starts per rank: the engine, under Nsight Systems when profiling with
     nsys (the same flags as the local executor; one report per rank in profile/)."""
+    # Another rank program (the probe's worker) names its module and the file it reads.
+    module, plan_file = getattr(plan, "rank_program", ("trainbench.engine", PLAN_FILE))
     if plan.features.profile != "nsys":
-        return [f'    -m trainbench.engine "$TB_EXP_DIR/{PLAN_FILE}"']
+        return [f'    -m {module} "$TB_EXP_DIR/{plan_file}"']
     from .local import nsys_prefix
     nsys = shlex.join(nsys_prefix(Path(exp)))
     return ["    --no-python \\",
