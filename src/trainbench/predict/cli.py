@@ -41,6 +41,10 @@ def register(app) -> None:
         calibrate_dir: Optional[Path] = typer.Option(
             None, "--calibrate", help="Fit the model to the experiment directories under DIR "
                                       "and store the constants in the cluster config."),
+        hardware: Optional[Path] = typer.Option(
+            None, "--hardware", metavar="PROFILE",
+            help="A hardware-profile.json from `trainbench probe`: predict with its measured "
+                 "GEMM TFLOPS and collective bandwidths instead of catalog assumptions."),
         sharding: str = typer.Option(
             "engine", "--sharding",
             help="How DP shards model state: engine (default; what `trainbench run` runs: "
@@ -61,6 +65,9 @@ def register(app) -> None:
             config = load_config()
         except ValueError as err:
             fail(str(err))
+        if hardware is not None and (do_search or calibrate_dir is not None):
+            fail("--hardware applies to one prediction; drop --search / --calibrate or "
+                 "--hardware")
         if calibrate_dir is not None:
             if do_search:
                 fail("--calibrate and --search are separate runs; drop one of them")
@@ -91,7 +98,8 @@ def register(app) -> None:
             _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
                     headroom, fmt)
         else:
-            _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt)
+            _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
+                     hardware)
 
 
 def _calibrated(config: dict, gpu: str) -> bool:
@@ -99,23 +107,32 @@ def _calibrated(config: dict, gpu: str) -> bool:
     return bool(calibrated_values(config, gpu))
 
 
-def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt) -> None:
+def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
+             hardware=None) -> None:
     import json
 
     from ..cli import fail
     from ..plan import PlanError, build_plan
-    from .perf import predict_step
+    from .hardware_profile import HardwareProfileError, predict_with_profile
     from .report import prediction_dict
+    facts = None
+    if hardware is not None:
+        from .hardware_profile import read_facts
+        try:
+            facts = read_facts(hardware)  # before the plan: a bad file fails first, alone
+        except HardwareProfileError as err:
+            fail(str(err))
     try:
         plan = build_plan(workload, size, dtype, scale, gpu, overrides=dict(overrides))
     except PlanError as err:
         fail("; ".join(err.problems))
     try:
-        pred = predict_step(plan, sharding=sharding, config=config)
+        pred, figures = predict_with_profile(plan, facts, sharding=sharding, config=config)
     except (LookupError, ValueError) as err:
         fail(str(err))
     data = prediction_dict(plan, pred, overrides=overrides,
-                           calibrated=_calibrated(config, plan.gpu_type))
+                           calibrated=_calibrated(config, plan.gpu_type), figures=figures,
+                           profile=None if facts is None else facts.path)
     if fmt == "json":
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
         return
@@ -154,6 +171,8 @@ def _print_prediction(plan, data: dict, pred) -> None:
     summary.add_row("peak memory per GPU", verdict(pred.memory, plan.gpu_type))
     summary.add_row("memory assumes", data["sharding_assumption"])
     summary.add_row("constants", data["constants_source"])
+    for name, where in data["hardware_figures"].items():
+        summary.add_row(f"  {name.replace('_', ' ')}", where)
     out.print(summary)
 
     parts = Table(title="Where the step goes (critical pipeline rank "

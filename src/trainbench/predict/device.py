@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from ..catalog import hardware
+from ..catalog import hardware, measured
 
 BANDWIDTH_KEY = "bandwidth"
 BANDWIDTH_FIELDS = ("hbm_tbs", "intra_node_busbw_gbs", "network_gbs", "collective_latency_us",
@@ -38,6 +38,9 @@ class Device:
     network_gbs: float
     """Bus bandwidth across NVLink domains per GPU (its own NIC), nccl-tests convention."""
     collective_latency_us: float
+    figures: tuple[tuple[str, str], ...] = ()
+    """Where each figure the model uses came from: (figure, source) pairs, e.g.
+    ('network_gbs', 'measured: ...') or ('gemm_eff_bf16', 'assumed: ...')."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak TFLOPS; fp32 runs use the bf16 tensor-core peak as the catalog does."""
@@ -69,8 +72,34 @@ def device_for(gpu_type: str, gpus_per_node: int | None = None,
                  nvlink_domain=max(domain, per_node),
                  intra_node_busbw_gbs=gpu.intra_node_busbw_gbs, network_gbs=gpu.network_gbs,
                  collective_latency_us=gpu.collective_latency_us)
+    dev = with_measured_links(dev)
     overrides = bandwidth_overrides(config or {}, gpu.key)
-    return replace(dev, **overrides) if overrides else dev
+    if overrides:
+        dev = replace(dev, **overrides, figures=_relabel(
+            dev.figures, {k: "cluster config 'bandwidth'" for k in overrides}))
+    return dev
+
+
+def _relabel(figures: tuple, new: dict[str, str]) -> tuple:
+    out = dict(figures)
+    out.update(new)
+    return tuple(out.items())
+
+
+def with_measured_links(dev: Device) -> Device:
+    """The device with catalog.measured's interconnect figures where one was measured,
+    each figure labelled with where it came from (a catalog assumption otherwise)."""
+    entry = measured.measured_for(dev.key)
+    values, labels = {}, {}
+    for name in measured.LINK_FIELDS:
+        fig = getattr(entry, name) if entry else None
+        if fig is not None and fig.known:
+            values[name] = float(fig.value)
+            labels[name] = "measured: " + fig.source + (f" ({fig.reason})" if fig.reason else "")
+        else:
+            labels[name] = ("assumed: catalog.hardware figure, not a measurement"
+                            + (f" ({fig.reason})" if fig is not None else ""))
+    return replace(dev, **values, figures=_relabel(dev.figures, labels))
 
 
 def bandwidth_overrides(config: dict, gpu_key: str) -> dict:

@@ -29,7 +29,8 @@ def published_reference(plan: Plan, overrides: dict) -> references.Reference | N
 
 
 def prediction_dict(plan: Plan, pred: StepPrediction, *, overrides: dict | None = None,
-                    calibrated: bool = False) -> dict:
+                    calibrated: bool = False, figures: dict | None = None,
+                    profile: str | None = None) -> dict:
     mem = pred.memory
     out = {
         "workload": plan.workload, "size": plan.size, "dtype": plan.dtype,
@@ -56,7 +57,10 @@ def prediction_dict(plan: Plan, pred: StepPrediction, *, overrides: dict | None 
         "memory_rank": mem.rank,
         "in_flight_microbatch_chunks": mem.in_flight,
         "constants": pred.constants,
-        "constants_source": "calibrated" if calibrated else "defaults",
+        "constants_source": ("hardware profile " + profile if profile
+                             else "calibrated" if calibrated else "defaults"),
+        "hardware_figures": dict(figures or {}),
+        "hardware_profile": profile,
     }
     ref = published_reference(plan, overrides or {})
     if ref is not None:

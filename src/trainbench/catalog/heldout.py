@@ -1,0 +1,128 @@
+"""Published step times of the seed workloads on GPUs and releases the seeds never measured.
+
+These rows are a held-out check of `trainbench predict`: nothing is fitted on them
+(bench/predict_accuracy.py predicts them with the constants fitted on the seed cells of
+catalog.references, all H100). Pure data, no torch.
+
+Every row is copied from a table NVIDIA published, named in `source` with the table it
+sits in. The tables give tokens/s per GPU; the step time is derived from it,
+GBS x seq / (tokens/s/GPU x GPUs), which is the definition the tables themselves use
+(dgxc-benchmarking llama3.1/README.md: throughput = seq x GBS / step time).
+
+Sources
+-------
+NEMO_2502_B200
+    NeMo Framework user guide, "Performance Summary for Large Language Models", Container
+    NeMo 25.02, System DGX-B200, pre-training table (FP8, per-tensor current scaling):
+    https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/performance_summary.html
+    (the 25.02 version of that page; rows LLAMA3-8B, LLAMA3-70B, LLAMA3-405B,
+    Nemotron-15B, Nemotron-340B).
+NEMO_2504_GB200
+    Same guide, archived 25.04 summary, Container NeMo 25.04, System DGX-GB200,
+    pre-training table (FP8):
+    https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/archive/25.04-performance-summary.html
+NEMO_2507_GB200
+    Same guide, Container NeMo 25.07, System DGX-GB200, pre-training table (FP8):
+    https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/performance-summary.html
+    Its cells print a second figure in parentheses (another configuration of the same
+    row); only the first figure and the first layout are used here.
+DGXC_2509_GB200_405B
+    NVIDIA/dgxc-benchmarking, llama3.1/README.md at commit 07d4a4a (2025-09-24), "MFU
+    formula" example: Llama 3.1 405B BF16 on 128 GB200, GBS 64, "training step time =
+    9.347" (the MFU line beside it divides by 9.473; the stated step time is used), with the
+    GB200 layout table of the same file (128 GPUs: TP4 PP8 CP2 VP8 MBS1 GBS64 GA32).
+
+NeMo's LLAMA3 rows are Llama 3 models; trainbench's pretrain_llama3.1 8B / 70B / 405B have
+the same layers, widths and vocabulary (3.1 changed RoPE scaling and the training context,
+not the shapes a pretraining step at seq 8192 runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+NEMO_2502_B200 = ("NeMo 25.02 Performance Summary, DGX-B200 pre-training table "
+                  "(docs.nvidia.com/nemo-framework/user-guide/latest/performance/"
+                  "performance_summary.html)")
+NEMO_2504_GB200 = ("NeMo 25.04 Performance Summary, DGX-GB200 pre-training table "
+                   "(docs.nvidia.com/nemo-framework/user-guide/latest/performance/archive/"
+                   "25.04-performance-summary.html)")
+NEMO_2507_GB200 = ("NeMo 25.07 Performance Summary, DGX-GB200 pre-training table, first "
+                   "figure of each cell (docs.nvidia.com/nemo-framework/user-guide/latest/"
+                   "performance/performance-summary.html)")
+DGXC_2509_GB200_405B = ("NVIDIA/dgxc-benchmarking llama3.1/README.md @07d4a4a, MFU example "
+                        "('training step time = 9.347') and its GB200 layout table")
+
+
+@dataclass(frozen=True)
+class HeldOutRow:
+    workload: str
+    size: str
+    dtype: str
+    gpu_type: str
+    gpus: int
+    seq_len: int
+    tp: int
+    pp: int
+    cp: int
+    vp: int
+    mbs: int
+    gbs: int
+    fsdp: bool
+    """The published run sharded with (Megatron) FSDP rather than the distributed optimizer."""
+    step_time_s: float
+    tokens_per_s_per_gpu: float | None
+    """As published (None where the source gives a step time instead)."""
+    source: str
+
+    @property
+    def key(self) -> str:
+        return (f"{self.workload} {self.size} {self.dtype} {self.gpus}x{self.gpu_type} "
+                f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vp} MBS{self.mbs} GBS{self.gbs}"
+                + (" FSDP" if self.fsdp else ""))
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"key": self.key}
+
+
+def _from_tokens(workload, size, dtype, gpu_type, gpus, seq, tp, pp, cp, vp, mbs, gbs, fsdp,
+                 tokens_per_gpu, source) -> HeldOutRow:
+    step = gbs * seq / (tokens_per_gpu * gpus)
+    return HeldOutRow(workload, size, dtype, gpu_type, gpus, seq, tp, pp, cp, vp, mbs, gbs,
+                      fsdp, step, tokens_per_gpu, source)
+
+
+_L = "pretrain_llama3.1"
+_N = "pretrain_nemotron4"
+
+HELD_OUT: list[HeldOutRow] = [
+    # gpu type, gpus, seq, TP, PP, CP, VP, MBS, GBS, FSDP, tokens/s/GPU
+    _from_tokens(_L, "8b", "fp8", "b200", 8, 8192, 1, 1, 1, 1, 2, 128, False, 26006,
+                 NEMO_2502_B200),
+    _from_tokens(_L, "70b", "fp8", "b200", 64, 8192, 2, 4, 2, 5, 1, 128, False, 3062,
+                 NEMO_2502_B200),
+    _from_tokens(_L, "405b", "fp8", "b200", 128, 8192, 4, 8, 2, 8, 1, 64, False, 625,
+                 NEMO_2502_B200),
+    _from_tokens(_N, "15b", "fp8", "b200", 64, 4096, 1, 1, 1, 1, 2, 256, False, 14760,
+                 NEMO_2502_B200),
+    _from_tokens(_N, "340b", "fp8", "b200", 128, 4096, 8, 4, 1, 12, 1, 32, False, 602,
+                 NEMO_2502_B200),
+    _from_tokens(_L, "8b", "fp8", "gb200", 8, 8192, 1, 1, 1, 1, 2, 128, False, 33099,
+                 NEMO_2504_GB200),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 1, 128, True, 4035,
+                 NEMO_2504_GB200),
+    _from_tokens(_L, "405b", "fp8", "gb200", 128, 8192, 4, 8, 2, 8, 1, 64, False, 665,
+                 NEMO_2504_GB200),
+    _from_tokens(_N, "15b", "fp8", "gb200", 64, 4096, 1, 1, 1, 1, 2, 256, False, 17809,
+                 NEMO_2504_GB200),
+    _from_tokens(_N, "340b", "fp8", "gb200", 128, 4096, 8, 4, 1, 12, 1, 32, False, 737,
+                 NEMO_2504_GB200),
+    _from_tokens(_L, "8b", "fp8", "gb200", 8, 8192, 1, 1, 1, 1, 2, 128, False, 31737,
+                 NEMO_2507_GB200),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 1, 128, True, 4066,
+                 NEMO_2507_GB200),
+    _from_tokens(_L, "405b", "fp8", "gb200", 128, 8192, 2, 1, 1, 1, 1, 64, True, 706,
+                 NEMO_2507_GB200),
+    HeldOutRow(_L, "405b", "bf16", "gb200", 128, 8192, 4, 8, 2, 8, 1, 64, False, 9.347, None,
+               DGXC_2509_GB200_405B),
+]

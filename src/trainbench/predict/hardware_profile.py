@@ -1,0 +1,224 @@
+"""`predict --hardware PROFILE`: the GEMM and collective figures `trainbench probe` measured
+on the user's machines, in place of the catalog's assumptions. Pure Python.
+
+What a profile (hardware-profile.json, schema 1, written by trainbench.probe) replaces:
+
+- gemm_eff_<dtype>: the large-matrix fraction of the dtype's peak. The probe times GEMMs
+  at the seed workloads' MLP shapes; the model's efficiency of a GEMM of smallest side d
+  is eff * d / (d + gemm_half_dim) (perf.gemm_efficiency), so the measured TFLOPS at a
+  shape of smallest side d gives eff = TFLOPS / (peak * d / (d + gemm_half_dim)); the best
+  shape is used, on the SLOWEST rank: a synchronous step waits for its slowest GPU.
+- intra_node_busbw_gbs: all-reduce bus bandwidth of the 'node' groups at the largest size
+  measured (the slowest node), nccl-tests convention as the model's comm.py uses it.
+- network_gbs: all-reduce bus bandwidth of the 'cross-node' groups (one local index on
+  every node: each rank's own NIC), largest size, slowest group.
+- collective_latency_us: the all-reduce time at the smallest size inside a node divided by
+  ceil(log2 n), the model's latency per step of a log-depth collective (comm.latency_s).
+- gpus_per_node / nvlink_domain: ranks per node.
+
+Figures the profile lacks (fp8 on a machine without it, one node: no cross-node group)
+keep the catalog's figure and say so. Attention and the Mamba scan stay fractions of the
+BF16 peak (the probe does not time them); HBM stays the catalog's (the model's hbm_eff is
+what small memory-bound kernels reach, not what one large copy reaches).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .constants import Constants
+from .device import Device, _relabel
+
+SCHEMA = 1
+PROFILE_FILE = "hardware-profile.json"
+
+
+class HardwareProfileError(ValueError):
+    """The profile cannot be used; the message says why and how to fix it, in one line."""
+
+
+@dataclass(frozen=True)
+class HardwareFacts:
+    path: str
+    gpu_type: str
+    ranks: int
+    nodes: int
+    gemm: dict[str, tuple[float, int, str]]
+    """dtype -> (TFLOPS, smallest side of the shape, where: rank and shape)."""
+    intra_node_busbw_gbs: float | None
+    network_gbs: float | None
+    latency_us: float | None
+
+
+def _load_json(path: Path) -> dict:
+    p = path / PROFILE_FILE if path.is_dir() else path
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise HardwareProfileError(f"--hardware {p}: no such file; pass the "
+                                   f"{PROFILE_FILE} that `trainbench probe` wrote") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        reason = " ".join(str(err).split())
+        raise HardwareProfileError(f"--hardware {p}: not a readable JSON hardware profile "
+                                   f"({reason}); pass the {PROFILE_FILE} `trainbench probe` "
+                                   "wrote") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise HardwareProfileError(f"--hardware {p}: schema {found!r}, expected a hardware "
+                                   f"profile of schema {SCHEMA}; re-run `trainbench probe`")
+    return data
+
+
+def _slowest_largest(collectives: list, kind: str) -> tuple[float | None, float | None, int]:
+    """(bus bandwidth at the largest size, time at the smallest size in us, group size) of
+    the slowest all-reduce group of `kind`; Nones when the profile has none."""
+    best: tuple[float, float | None, int] | None = None
+    for c in collectives:
+        if not isinstance(c, dict) or c.get("op") != "all_reduce" or c.get("group_kind") != kind:
+            continue
+        results = [r for r in c.get("results") or [] if isinstance(r, dict)
+                   and _positive(r.get("busbw_gbs")) and _positive(r.get("size"))]
+        if not results:
+            continue
+        last = max(results, key=lambda r: r["size"])
+        first = min(results, key=lambda r: r["size"])
+        small_us = first.get("time_us") if _positive(first.get("time_us")) else None
+        n = int(c.get("n") or len(c.get("ranks") or []) or 2)
+        if best is None or last["busbw_gbs"] < best[0]:
+            best = (float(last["busbw_gbs"]), small_us, n)
+    if best is None:
+        return None, None, 0
+    return best
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 and math.isfinite(x)
+
+
+def read_facts(path: str | Path) -> HardwareFacts:
+    """The figures predict uses from a profile; HardwareProfileError when it has none."""
+    path = Path(path)
+    data = _load_json(path)
+    where = f"--hardware {path}"
+    machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise HardwareProfileError(f"{where}: the profile lists no ranks; re-run "
+                                   "`trainbench probe`")
+    gemm: dict[str, tuple[float, int, str]] = {}
+    for dtype in sorted({g.get("dtype") for r in ranks for g in r.get("gemm") or []
+                         if isinstance(g, dict) and isinstance(g.get("dtype"), str)}):
+        per_rank = []
+        for r in ranks:
+            rows = [g for g in r.get("gemm") or [] if isinstance(g, dict)
+                    and g.get("dtype") == dtype and _positive(g.get("tflops"))
+                    and all(_positive(g.get(k)) for k in ("m", "k", "n"))]
+            if rows:
+                top = max(rows, key=lambda g: g["tflops"])
+                per_rank.append((float(top["tflops"]), int(min(top["m"], top["k"], top["n"])),
+                                 f"rank {r.get('rank')}, {top.get('shape', 'GEMM')}"))
+        if per_rank:
+            gemm[dtype] = min(per_rank)
+    collectives = data.get("collectives") if isinstance(data.get("collectives"), list) else []
+    intra, small_us, n = _slowest_largest(collectives, "node")
+    network, _, _ = _slowest_largest(collectives, "cross-node")
+    latency = small_us / math.ceil(math.log2(n)) if small_us and n > 1 else None
+    if not gemm and intra is None and network is None:
+        raise HardwareProfileError(f"{where}: the profile holds no GEMM or all-reduce "
+                                   "figures; re-run `trainbench probe` on the GPUs to predict")
+    nodes = machine.get("nodes")
+    return HardwareFacts(
+        path=str(path), gpu_type=str(machine.get("gpu_type") or "").lower(),
+        ranks=len(ranks), nodes=int(nodes) if _positive(nodes) else 1, gemm=gemm,
+        intra_node_busbw_gbs=intra, network_gbs=network, latency_us=latency)
+
+
+def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
+                ) -> tuple[Device, Constants]:
+    """The device and constants with the profile's measured figures laid over them, each
+    figure labelled in device.figures with the profile it came from."""
+    if facts.gpu_type and facts.gpu_type != device.key:
+        raise HardwareProfileError(
+            f"--hardware {facts.path}: measured on {facts.gpu_type or 'an unnamed device'}, "
+            f"not {device.key}; predict with --gpu {facts.gpu_type} or probe the "
+            f"{device.key} machines")
+    src = f"measured: hardware profile {facts.path}"
+    dev_values, const_values, labels = {}, {}, {}
+    for dtype in ("bf16", "fp8"):
+        if dtype not in facts.gemm or dtype not in device.peak_tflops:
+            labels[f"gemm_eff_{dtype}"] = f"not in the profile: {_default_label(device)}"
+            continue
+        tflops, side, where = facts.gemm[dtype]
+        if tflops > device.peak(dtype):
+            raise HardwareProfileError(
+                f"--hardware {facts.path}: {dtype} GEMM {tflops:.4g} TFLOPS ({where}) is above "
+                f"the {device.name}'s {device.peak(dtype):g} TFLOPS peak; the profile is from "
+                "another device or corrupt; re-run `trainbench probe`")
+        falloff = side / (side + constants.gemm_half_dim)
+        eff = tflops / (device.peak(dtype) * falloff)
+        const_values[f"gemm_eff_{dtype}"] = eff
+        labels[f"gemm_eff_{dtype}"] = f"{src} ({tflops:.4g} TFLOPS, {where})"
+    for name, value in (("intra_node_busbw_gbs", facts.intra_node_busbw_gbs),
+                        ("network_gbs", facts.network_gbs),
+                        ("collective_latency_us", facts.latency_us)):
+        if value is None:
+            labels[name] = "not in the profile: " + dict(device.figures).get(name, "catalog")
+        else:
+            dev_values[name] = float(value)
+            labels[name] = src
+    if facts.ranks % facts.nodes == 0 and facts.ranks // facts.nodes > 1:
+        per_node = facts.ranks // facts.nodes
+        # An NVLink domain wider than a node (GB200 NVL72) is the rack's, not the probe's.
+        wide = device.nvlink_domain > device.gpus_per_node
+        dev_values.update(gpus_per_node=per_node,
+                          nvlink_domain=device.nvlink_domain if wide else per_node)
+    dev = replace(device, **dev_values, figures=_relabel(device.figures, labels))
+    return dev, replace(constants, **const_values)
+
+
+def _default_label(device: Device) -> str:
+    return dict(device.figures).get("gemm_eff_bf16", "catalog constants")
+
+
+def gemm_labels(gpu_type: str, calibrated: bool) -> dict[str, str]:
+    """Where the GEMM efficiencies come from without a profile."""
+    from ..catalog import measured
+    from .constants import DEFAULTS
+    if calibrated:
+        return {f"gemm_eff_{d}": "calibrated: cluster config 'calibration'" for d in ("bf16", "fp8")}
+    entry = measured.measured_for(gpu_type)
+    out = {}
+    for d in ("bf16", "fp8"):
+        fig = entry.gemm_tflops.get(d) if entry else None
+        base = ("fitted to the seeds' H100 step times (bench/predict_accuracy.py)"
+                if gpu_type == "h100" else
+                "assumed: the H100-fitted fraction of peak applied to this GPU's peak")
+        if gpu_type not in DEFAULTS and gpu_type != "h100":
+            base += " (no constants of its own)"
+        out[f"gemm_eff_{d}"] = base + (f"; {fig.reason}" if fig is not None and not fig.known
+                                       else "")
+    return out
+
+
+def predict_with_profile(plan, facts: HardwareFacts | None, *, sharding: str = "engine",
+                         config: dict | None = None):
+    """(prediction, {figure: where it came from}) for a plan, with the profile's figures
+    when `facts` is given, the catalog's (measured where catalog.measured has them)
+    otherwise."""
+    from .constants import calibrated_values, constants_for
+    from .device import device_for
+    from .perf import predict_step
+    device = device_for(plan.gpu_type, plan.gpus_per_node, config)
+    constants = constants_for(plan.gpu_type, config)
+    figures = dict(device.figures)
+    figures.update(gemm_labels(device.key, bool(calibrated_values(config or {},
+                                                                   plan.gpu_type))))
+    device = replace(device, figures=tuple(figures.items()))
+    if facts is not None:
+        device, constants = apply_facts(facts, device, constants)
+    pred = predict_step(plan, sharding=sharding, config=config, constants=constants,
+                        device=device)
+    return pred, dict(device.figures)
