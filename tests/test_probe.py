@@ -1,0 +1,222 @@
+"""`trainbench probe`: one real two-rank probe on this CPU (gloo) with rank 1 slowed by the
+test hook, shared by the tests that read what it wrote; the bus-bandwidth arithmetic and
+the verdict against hand-computed values; bad input refused with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+from trainbench.probe import profile as P
+
+SIZES = [1024, 2048, 4096, 8192]
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe_root")
+    # Rank 1's GEMMs and copies run at half their real rate (it waits inside the timed
+    # region); everything else in the run is untouched.
+    res = run_cli("probe", "--scale", "2", "--gpu", "cpu", "--max-size", "8K", root=root,
+                  env={P.SLOW_RANK_ENV: "1:0.5"}, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (out_dir,) = (root / "probes").iterdir()
+    return res, out_dir, json.loads((out_dir / P.PROFILE_FILE).read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_probe_writes_a_profile_and_a_plot(probed):
+    import torch
+    res, out_dir, prof = probed
+    assert out_dir.name.startswith("probe_cpu_ranks2_")
+    assert prof["schema"] == 1
+    machine = prof["machine"]
+    assert machine["hosts"] == [socket.gethostname()]
+    assert machine["torch"] == torch.__version__
+    assert machine["backend"] == "gloo" and machine["ranks"] == 2 and machine["nodes"] == 1
+    assert [r["rank"] for r in prof["ranks"]] == [0, 1]
+    for r in prof["ranks"]:
+        assert r["local_rank"] == r["rank"] and r["host"] == socket.gethostname()
+        assert {(g["dtype"], g["shape"]) for g in r["gemm"]} == {
+            (d, s["name"]) for d in ("fp32", "bf16") for s in P.gemm_shapes("cpu")}
+        for g in r["gemm"]:
+            # The rate is the GEMM's FLOPs over its best time.
+            assert g["tflops"] == pytest.approx(2 * g["m"] * g["k"] * g["n"] / g["time_s"] / 1e12)
+        mem = r["memory"]
+        assert mem["counted"] == "read + write" and mem["bytes_moved"] == 2 * mem["buffer_bytes"]
+        assert mem["gbs"] == pytest.approx(mem["bytes_moved"] / mem["time_s"] / 1e9)
+    ops = [c["op"] for c in prof["collectives"]]
+    assert ops == list(P.COLLECTIVES)
+    for c in prof["collectives"]:
+        assert c["group"] == "node 0" and c["ranks"] == [0, 1]
+        assert [x["size"] for x in c["results"]] == SIZES
+        assert c["latency_us"] == c["results"][0]["time_us"] > 0
+    png = (out_dir / P.PLOT_FILE).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert (out_dir / "exit.json").exists() and (out_dir / "probe.log").exists()
+    # The table on the terminal: one row per rank, one per collective.
+    for text in ("Per rank", "Collectives", "all_to_all", "send_recv", "copy GB/s"):
+        assert text in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_probe_bandwidths_follow_the_nccl_tests_convention(probed):
+    _, _, prof = probed
+    # Two ranks: all-reduce 2(2-1)/2 = 1; all-gather, reduce-scatter, all-to-all
+    # (2-1)/2 = 0.5; send/recv 1.
+    factor = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5,
+              "all_to_all": 0.5, "send_recv": 1.0}
+    for c in prof["collectives"]:
+        for x in c["results"]:
+            algbw = x["size"] / (x["time_us"] * 1e-6) / 1e9
+            assert x["algbw_gbs"] == pytest.approx(algbw, rel=1e-3)
+            assert x["busbw_gbs"] == pytest.approx(algbw * factor[c["op"]], rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_probe_names_the_slowed_rank(probed):
+    res, _, prof = probed
+    r0, r1 = prof["ranks"]
+    for g0, g1 in zip(r0["gemm"], r1["gemm"]):
+        assert g1["tflops"] < 0.7 * g0["tflops"]  # half speed, with room for noise
+    verdict = prof["verdict"]
+    assert verdict["status"] == "slow"
+    slow = [f for f in verdict["findings"] if f["kind"] == "rank"]
+    assert [f["rank"] for f in slow] == [1]
+    assert slow[0]["host"] == socket.gethostname() and slow[0]["local_rank"] == 1
+    assert slow[0]["below_pct"] > 30
+    assert f"rank 1 ({socket.gethostname()}, local index 1)" in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_report_reprints_an_earlier_probe(probed):
+    _, out_dir, _ = probed
+    res = run_cli("probe", "--report", str(out_dir))
+    assert res.returncode == 0, res.stderr
+    assert "rank 1 (" in res.stdout and "send_recv" in res.stdout
+
+
+# --- arithmetic and verdict on hand-made inputs ----------------------------------------------
+
+def test_bus_factors_are_nccl_tests():
+    # all-reduce over 8 ranks: 2 x 7 / 8 = 14/8 = 1.75 (n-1 additions and n assignments
+    # per element, 2(n-1) transfers over n links).
+    assert P.bus_factor("all_reduce", 8) == 1.75
+    assert P.bus_factor("all_gather", 8) == 0.875      # 7/8
+    assert P.bus_factor("reduce_scatter", 4) == 0.75   # 3/4
+    assert P.bus_factor("all_to_all", 2) == 0.5        # 1/2
+    assert P.bus_factor("send_recv", 16) == 1.0
+    assert P.bus_factor("all_reduce", 1) == 0.0        # nothing leaves a lone rank
+    # 1 GiB in 10 ms: algbw 1073741824 / 0.01 / 1e9 = 107.3741824 GB/s; x 1.75.
+    assert P.algbw_gbs(1 << 30, 0.01) == pytest.approx(107.3741824)
+    assert P.busbw_gbs("all_reduce", 8, 1 << 30, 0.01) == pytest.approx(187.9048192)
+    with pytest.raises(ValueError):
+        P.bus_factor("broadcast", 8)
+
+
+def test_sizes_are_powers_of_two_between_the_bounds():
+    assert P.parse_size("64M", "--max-size") == 64 * 2**20
+    assert P.parse_size("1GiB", "--max-size") == 2**30
+    assert P.parse_size("4096", "--max-size") == 4096
+    assert P.message_sizes(1000, 8192) == SIZES
+    assert P.message_sizes(P.KIB, P.GIB)[-1] == P.GIB and len(P.message_sizes(P.KIB, P.GIB)) == 21
+    for bad in ("64 apples", "", "-1K"):
+        with pytest.raises(P.ProbeError):
+            P.parse_size(bad, "--max-size")
+    with pytest.raises(P.ProbeError):
+        P.message_sizes(8192, 1024)
+
+
+def _rank(rank, host, local, tflops, gbs):
+    return {"rank": rank, "host": host, "local_rank": local,
+            "gemm": [{"dtype": "bf16", "shape": "s", "tflops": tflops}],
+            "memory": {"gbs": gbs}}
+
+
+def test_verdict_flags_only_what_is_more_than_5_percent_below_its_peers():
+    ranks = [_rank(0, "a", 0, 800, 3000), _rank(1, "a", 1, 800, 3000),
+             _rank(2, "b", 0, 770, 3000),  # 3.75% below: within the threshold
+             _rank(3, "b", 1, 800, 2800)]  # memory 6.7% below 3000
+    verdict = P.health_verdict(ranks, [])
+    assert verdict["status"] == "slow"
+    (finding,) = verdict["findings"]
+    assert (finding["rank"], finding["host"], finding["local_rank"]) == (3, "b", 1)
+    assert finding["metric"] == "memory bandwidth"
+    assert finding["below_pct"] == pytest.approx(6.7)
+    assert "rank 3 (b, local index 1)" in finding["message"]
+    assert P.health_verdict(ranks[:3], [])["status"] == "healthy"
+
+
+def test_verdict_names_a_slow_node_group():
+    def group(name, host, busbw):
+        return P.collective_entry("all_reduce", name, "node", [0, 1], [host],
+                                  [(1 << 20, (1 << 20) / (busbw * 1e9))])
+    groups = [group("node 0", "a", 300), group("node 1", "b", 300), group("node 2", "c", 240)]
+    verdict = P.health_verdict([], groups)
+    (finding,) = verdict["findings"]
+    assert finding["group"] == "node 2" and finding["hosts"] == ["c"]
+    assert finding["below_pct"] == pytest.approx(20.0)
+
+
+# --- planning without running ---------------------------------------------------------------
+
+def test_slurm_dry_run_renders_the_probe_job(tmp_path):
+    res = run_cli("probe", "--scale", "16", "--gpu", "h100", "--executor", "slurm",
+                  "--dry-run", "--account", "acct", "--partition", "batch", "--gres", "gpu:8",
+                  root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    script = res.stdout
+    assert "#SBATCH --nodes=2" in script and "TB_NPROC_PER_NODE=8" in script
+    assert '-m trainbench.probe.worker "$TB_EXP_DIR/probe-plan.json"' in script
+    assert "trainbench.engine" not in script
+    assert "bf16, fp8" in script  # H100 has FP8: its GEMMs are probed too
+    assert not (tmp_path / "probes").exists()
+
+
+BAD = [
+    (["--scale", "0", "--gpu", "cpu"], {}, "--scale 0"),
+    (["--scale", "2", "--gpu", "tpu9"], {}, "unknown GPU type 'tpu9'"),
+    (["--scale", "2", "--gpu", "cpu", "--max-size", "lots"], {}, "--max-size 'lots'"),
+    (["--scale", "2", "--gpu", "cpu", "--nodes", "2"], {}, "--executor slurm"),
+    (["--scale", "2", "--gpu", "cpu"], {P.SLOW_RANK_ENV: "5:0.5"}, "rank 5 does not exist"),
+    (["--scale", "2", "--gpu", "cpu"], {"ROOT_IS_A_FILE": "1"}, "is a file"),
+]
+
+
+@pytest.mark.parametrize("args,env,expected", BAD, ids=[b[2] for b in BAD])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, env, expected):
+    root = tmp_path / "root"
+    root.mkdir()
+    if env.pop("ROOT_IS_A_FILE", None):
+        (tmp_path / "file").write_text("x")
+        root = tmp_path / "file" / "sub"
+    before = sorted(p for p in tmp_path.rglob("*"))
+    res = run_cli("probe", *args, "--root", str(root), env=env)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainbench: error: "), res.stderr
+    assert expected in lines[0] and "Traceback" not in res.stderr
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_unwritable_root_is_refused(tmp_path):
+    root = tmp_path / "ro"
+    root.mkdir()
+    root.chmod(0o555)
+    try:
+        res = run_cli("probe", "--scale", "2", "--gpu", "cpu", "--root", str(root))
+    finally:
+        root.chmod(0o755)
+    assert res.returncode == 2
+    assert res.stderr.startswith("trainbench: error: probe root") and "Traceback" not in res.stderr
+    assert list(root.iterdir()) == []
