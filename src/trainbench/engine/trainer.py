@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import flops as flops_mod
+from ..metrics import default_window
 from ..launch.experiment import METRICS_FILE, RUN_FILE, log_file_name
 from ..plan import FP8_DTYPES, Plan
 from . import data
@@ -168,6 +169,7 @@ class Trainer:
             self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = resolve_peak(
                 self.plan, self.compute_dtype,
                 autocast=single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32)
+        self.conditions = self.record_conditions() if self.local_rank == 0 else None
         if self.rank == 0:
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             self.log_file = open(self.log_path, "a", buffering=1)
@@ -208,6 +210,60 @@ class Trainer:
         self.tracer = StepTracer(self.plan, self.rank, self.world_size, self.device,
                                  self.exp_dir, self.dims, self.log, self.step,
                                  self.total_steps - 1)
+        # Telemetry covers the window results analyse (the seeds' 11-44 of 50, scaled).
+        start, end = default_window(self.plan.steps)
+        self.telemetry_window = (self.step + start, self.step + end)
+        self.telemetry = None
+
+    def record_conditions(self) -> dict:
+        """This node's conditions (local rank 0), also written to conditions-<host>.json.
+        A record that cannot be made never stops the run: the reason is in `missing`."""
+        from .. import conditions
+        try:
+            info = conditions.collect(rank_threads=torch.get_num_threads())
+        except Exception as exc:  # noqa: BLE001
+            info = {"schema": conditions.SCHEMA,
+                    "missing": [f"conditions: {type(exc).__name__}: {exc}"]}
+        self.exp_dir.mkdir(parents=True, exist_ok=True)
+        path = self.exp_dir / f"conditions-{socket.gethostname()}.json"
+        path.write_text(json.dumps(info, indent=2))
+        return info
+
+    def telemetry_before_step(self, step: int) -> None:
+        if step == self.telemetry_window[0] and self.local_rank == 0:
+            from .telemetry import Sampler
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+            self.telemetry = Sampler(self.device.type, local_gpus=local)
+            self.telemetry.start()
+
+    def telemetry_after_step(self, step: int) -> None:
+        """At the window's end every rank joins one all-reduce of the nodes' energy and
+        throttling; rank 0 writes the job's summary into run.json."""
+        if step != self.telemetry_window[1]:
+            return
+        from .telemetry import combine
+        node = self.telemetry.stop() if self.telemetry is not None else None
+        self.telemetry = None
+        energy = node.get("energy_j") if node else None
+        # [nodes, nodes with energy, energy (J), nodes throttled]
+        facts = torch.tensor([1.0 if node else 0.0, 1.0 if energy is not None else 0.0,
+                              energy or 0.0, 1.0 if node and node.get("throttled") else 0.0],
+                             dtype=torch.float64, device=self.device)
+        dist.all_reduce(facts, op=dist.ReduceOp.SUM)
+        if self.rank != 0:
+            return
+        first, last = self.telemetry_window
+        tokens = self.plan.seq_len * self.plan.gbs * (last - first + 1)
+        nodes, with_energy, total, throttled = facts.tolist()
+        summary = combine(node, total if with_energy else None, int(nodes), int(with_energy),
+                          int(throttled), tokens)
+        summary["window"] = [first, last]
+        info = json.loads((self.exp_dir / RUN_FILE).read_text())
+        info["telemetry"] = summary
+        (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
+        if summary.get("throttled"):
+            self.log("trainbench: clocks throttled during the timed window: "
+                     + ", ".join(summary["throttle_reasons"]))
 
     def write_run_info(self) -> None:
         info = {
@@ -232,6 +288,7 @@ class Trainer:
             info["fp8"] = self.fp8_info
         if self.mfu_not_applicable:
             info["mfu_not_applicable"] = self.mfu_not_applicable
+        info["conditions"] = self.conditions
         (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
 
     def log(self, line: str) -> None:
@@ -431,11 +488,13 @@ class Trainer:
         saving = f.checkpoint or interval > 0
         while self.step < self.total_steps:
             self.tracer.before_step(self.step)
+            self.telemetry_before_step(self.step)
             metrics = self.train_step(self.step)
             self.step += 1
             if self.rank == 0:
                 self.log(format_step_line(metrics))
                 self.metrics_file.write(metrics.to_json() + "\n")
+            self.telemetry_after_step(self.step - 1)
             self.tracer.after_step(self.step - 1)
             if saving and (self.step == self.total_steps
                            or (interval > 0 and self.step % interval == 0)):
@@ -444,6 +503,8 @@ class Trainer:
     def close(self) -> None:
         if hasattr(self, "tracer"):
             self.tracer.close()
+        if getattr(self, "telemetry", None) is not None:  # a run that ended inside the window
+            self.telemetry.stop()
         if getattr(self, "rank", 1) == 0 and hasattr(self, "log_file"):
             self.log_file.close()
             self.metrics_file.close()
