@@ -150,7 +150,7 @@ def test_verdict_flags_only_what_is_more_than_5_percent_below_its_peers():
     assert verdict["status"] == "slow"
     (finding,) = verdict["findings"]
     assert (finding["rank"], finding["host"], finding["local_rank"]) == (3, "b", 1)
-    assert finding["metric"] == "memory bandwidth"
+    assert finding["metric"] == "memory bandwidth GB/s"
     assert finding["below_pct"] == pytest.approx(6.7)
     assert "rank 3 (b, local index 1)" in finding["message"]
     assert P.health_verdict(ranks[:3], [])["status"] == "healthy"
@@ -180,6 +180,22 @@ def test_slurm_dry_run_renders_the_probe_job(tmp_path):
     assert "trainbench.engine" not in script
     assert "bf16, fp8" in script  # H100 has FP8: its GEMMs are probed too
     assert not (tmp_path / "probes").exists()
+
+
+def test_a_refused_slurm_submission_leaves_nothing(tmp_path):
+    # No sbatch on PATH (where Slurm is installed, nothing must reach the cluster): the
+    # submission fails after the directory was made, and the directory goes again.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    res = run_cli("probe", "--scale", "2", "--gpu", "cpu", "--executor", "slurm",
+                  "--account", "acct", "--partition", "batch", "--root", str(root),
+                  env={"PATH": str(bare)})
+    assert res.returncode == 2, res.stdout + res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("trainbench: error: sbatch not found")
+    assert list(root.iterdir()) == []
 
 
 BAD = [

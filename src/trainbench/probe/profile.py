@@ -174,13 +174,15 @@ def _below(value: float, peers: list[float]) -> float | None:
 
 
 def rank_metrics(rank: dict) -> dict[str, float]:
-    """The figures a rank is compared on: GEMM TFLOPS per dtype and shape, copy GB/s."""
-    metrics = {}
+    """The figures a rank is compared on: its best GEMM TFLOPS per dtype over the shapes
+    (one shape's timing is noisier than the best of several) and its copy GB/s."""
+    metrics: dict[str, float] = {}
     for g in rank.get("gemm", []):
         if g.get("tflops"):
-            metrics[f"{g['dtype']} GEMM {g['shape']}"] = g["tflops"]
+            key = f"{g['dtype']} GEMM TFLOPS"
+            metrics[key] = max(metrics.get(key, 0.0), g["tflops"])
     if rank.get("memory", {}).get("gbs"):
-        metrics["memory bandwidth"] = rank["memory"]["gbs"]
+        metrics["memory bandwidth GB/s"] = rank["memory"]["gbs"]
     return metrics
 
 
@@ -249,6 +251,19 @@ def collective_entry(op: str, group: str, group_kind: str, ranks: list[int], hos
     return {"op": op, "group": group, "group_kind": group_kind, "ranks": ranks,
             "hosts": hosts, "n": n, "bus_factor": bus_factor(op, n),
             "latency_us": results[0]["time_us"] if results else None, "results": results}
+
+
+GROUP_KINDS = ("node", "cross-node", "world")
+
+
+def sorted_collectives(collectives: list[dict]) -> list[dict]:
+    """Node groups first, then cross-node groups, then all ranks; each group's
+    collectives in COLLECTIVES order."""
+    def key(c):
+        kind = GROUP_KINDS.index(c["group_kind"]) if c["group_kind"] in GROUP_KINDS else 9
+        first = c["ranks"][0] if c["ranks"] else 0
+        return kind, first, COLLECTIVES.index(c["op"]) if c["op"] in COLLECTIVES else 9
+    return sorted(collectives, key=key)
 
 
 def write_profile(profile: dict, out_dir: Path) -> Path:

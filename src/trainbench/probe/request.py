@@ -227,10 +227,19 @@ def create_probe_dir(planned: PlannedProbe) -> Path:
                                                        "out_dir": str(out_dir)}, indent=2))
     except OSError as err:
         if out_dir is not None:
-            shutil.rmtree(out_dir, ignore_errors=True)
+            _remove(out_dir)
         raise P.ProbeError(f"cannot create the probe directory under {planned.root}: "
                            f"{err.strerror}") from None
     return out_dir
+
+
+def _remove(out_dir: Path) -> None:
+    """A probe directory nothing ran in, and probes/ if that leaves it empty."""
+    shutil.rmtree(out_dir, ignore_errors=True)
+    try:
+        out_dir.parent.rmdir()
+    except OSError:
+        pass
 
 
 def torchrun_command(plan: dict, plan_path: Path) -> list[str]:
@@ -314,6 +323,6 @@ def submit_slurm(planned: PlannedProbe, opts: SlurmOptions) -> tuple[Path, str]:
         path.write_text(script)
         job_id = submit(path)
     except (SlurmError, SubmitError, OSError):
-        shutil.rmtree(out_dir, ignore_errors=True)
+        _remove(out_dir)
         raise
     return out_dir, job_id

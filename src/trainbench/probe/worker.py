@@ -264,7 +264,7 @@ def run(plan_path: Path) -> int:
     gathered: list = [None] * rank.world
     dist.all_gather_object(gathered, mine)
     if rank.rank == 0:
-        collectives = [c for part in gathered for c in part]
+        collectives = P.sorted_collectives([c for part in gathered for c in part])
         profile = {
             "schema": P.SCHEMA,
             "kind": "trainbench hardware profile",
