@@ -1,10 +1,21 @@
-"""How well `trainbench predict` reproduces the published step times.
+"""How well `trainbench predict` reproduces the published step times, in sample and out.
 
-Predicts every reference cell of catalog.references (all seed workloads, scales and
-dtypes, H100) from the plan trainbench builds for it, with one set of constants for the
-H100, and prints a table and the mean and max absolute percentage error of step time.
+1. The table: every reference cell of catalog.references (all seed workloads, scales and
+   dtypes, H100) predicted from the plan trainbench builds for it with the default
+   constants (predict's own), with the mean and max absolute percentage error.
+2. The accuracy splits (skipped with --quick), each a refit of the calibration
+   (predict/calibrate.fit, the code `predict --calibrate` runs) on the seed cells:
+   - in-sample: fit on all cells, error on the same cells;
+   - leave-one-workload-out: for each workload, fit on the other workloads' cells and
+     predict the left-out workload's cells (errors pooled over all cells);
+   - leave-one-GPU-type-out: the same per GPU type (the seeds measured one type, H100, so
+     nothing is left to fit on: reported as not computable, and the held-out rows below
+     are the GPU-type-out check);
+   - held-out: the published B200 / GB200 rows of catalog.heldout (other GPU types and
+     later NeMo releases), predicted with the constants fitted on all seed cells; nothing
+     is fitted on them. Each row's error and the mean.
 
-    .venv/bin/python bench/predict_accuracy.py [--format table|json] [--no-config]
+    .venv/bin/python bench/predict_accuracy.py [--format table|json] [--no-config] [--quick]
 
 Recipe facts the catalog rows do not carry yet are given below with their source; they
 describe how the published runs were configured, not a tuning of the model.
@@ -19,9 +30,17 @@ import sys
 
 from trainbench.catalog import recipes
 from trainbench.catalog.references import REFERENCES
+from trainbench.catalog.heldout import HELD_OUT, HeldOutRow
 from trainbench.plan import build_plan
+from trainbench.predict import calibrate
+from trainbench.predict.constants import Constants, default_constants
 from trainbench.predict.perf import predict_step
 
+# The published runs shard with Megatron's distributed optimizer, or Megatron FSDP where a
+# table says FSDP=1 (catalog.heldout); the seed cells as their recipes ran (MaxText: FSDP).
+RECIPE = "recipe"
+# Coordinate-descent sweeps per refit (calibrate.fit): ~8 s each on the 79 cells here.
+SWEEPS = 3
 
 
 def recipe_overrides(row: recipes.RecipeRow) -> dict:
@@ -67,6 +86,128 @@ def summary(rows: list[dict]) -> dict:
             "within_20_pct": sum(e <= 20 for e in errors)}
 
 
+def seed_runs(corrections: bool = True) -> list[calibrate.MeasuredRun]:
+    """The seed cells as measured runs (source = the workload, for the splits)."""
+    runs = []
+    for ref in REFERENCES:
+        row = recipes.find_row(ref.workload, ref.size, ref.dtype, ref.gpus, ref.gpu_type)
+        plan = build_plan(ref.workload, ref.size, ref.dtype, ref.gpus, ref.gpu_type,
+                          overrides=recipe_overrides(row) if corrections else {})
+        runs.append(calibrate.MeasuredRun(plan, ref.step_time_s, 1, ref.workload))
+    return runs
+
+
+def run_errors(runs: list[calibrate.MeasuredRun], constants: Constants) -> list[float]:
+    """Signed relative step-time errors of the runs under one set of constants."""
+    return [predict_step(r.plan, sharding=RECIPE, constants=constants).step_time_s
+            / r.step_time_s - 1 for r in runs]
+
+
+def refit(runs: list[calibrate.MeasuredRun], leave_out=None, *, gpu_type: str = "h100",
+          sweeps: int = SWEEPS, names: tuple[str, ...] = calibrate.FIT_FIELDS
+          ) -> tuple[Constants, list[calibrate.MeasuredRun], list[calibrate.MeasuredRun]]:
+    """(constants fitted without the left-out runs, fit set, left-out set).
+
+    `leave_out(run) -> bool` picks the held-out group; the fit starts from the default
+    constants with config {} (no cluster calibration) and never sees the group."""
+    held = [r for r in runs if leave_out is not None and leave_out(r)]
+    fit_set = [r for r in runs if not (leave_out is not None and leave_out(r))]
+    if not any(r.plan.gpu_type == gpu_type for r in fit_set):
+        raise calibrate.CalibrationError(f"no {gpu_type} cells left to fit on")
+    result = calibrate.fit(fit_set, gpu_type, config={}, names=names, sweeps=sweeps,
+                           sharding=RECIPE)
+    return result.constants, fit_set, held
+
+
+def heldout_plan(row: HeldOutRow):
+    return build_plan(row.workload, row.size, row.dtype, row.gpus, row.gpu_type,
+                      overrides=dict(tp=row.tp, pp=row.pp, cp=row.cp, vp=row.vp, mbs=row.mbs,
+                                     gbs=row.gbs, seq_len=row.seq_len))
+
+
+def predict_heldout(constants: Constants) -> list[dict]:
+    """Each held-out row predicted with the given (seed-fitted) constants."""
+    out = []
+    for row in HELD_OUT:
+        plan = heldout_plan(row)
+        pred = predict_step(plan, sharding="fsdp" if row.fsdp else "distributed_optimizer",
+                            constants=constants)
+        out.append({"row": row.key, "source": row.source, "measured_s": row.step_time_s,
+                    "predicted_s": pred.step_time_s,
+                    "error_pct": 100 * (pred.step_time_s / row.step_time_s - 1),
+                    "compute_share": pred.shares["compute"],
+                    "gemm_share": pred.compute_breakdown["gemm"] / pred.step_time_s})
+    return out
+
+
+def _mean_abs_pct(errors: list[float]) -> float:
+    return 100 * statistics.fmean(abs(e) for e in errors)
+
+
+def accuracy_splits(sweeps: int = SWEEPS) -> dict:
+    """In-sample, leave-one-workload-out, leave-one-GPU-type-out and held-out errors."""
+    runs = seed_runs()
+    full, _, _ = refit(runs, sweeps=sweeps)
+    in_sample = run_errors(runs, full)
+    lowo, per_workload = [], {}
+    for workload in sorted({r.source for r in runs}):
+        c, _, held = refit(runs, lambda r, w=workload: r.source == w, sweeps=sweeps)
+        errs = run_errors(held, c)
+        lowo += errs
+        per_workload[workload] = {"cells": len(held), "mean_abs_error_pct": _mean_abs_pct(errs)}
+    logo = {}
+    for gpu in sorted({r.plan.gpu_type for r in runs}):
+        try:
+            c, _, held = refit(runs, lambda r, g=gpu: r.plan.gpu_type == g, gpu_type=gpu,
+                               sweeps=sweeps)
+            logo[gpu] = {"cells": len(held), "mean_abs_error_pct":
+                         _mean_abs_pct(run_errors(held, c))}
+        except calibrate.CalibrationError as err:
+            logo[gpu] = {"cells": sum(r.plan.gpu_type == gpu for r in runs),
+                         "mean_abs_error_pct": None,
+                         "why": f"not computable: every seed cell is {gpu}, so leaving {gpu} "
+                                f"out leaves nothing to fit ({err}); the held-out rows are "
+                                "the GPU-type-out check"}
+    held_rows = predict_heldout(full)
+    default_rows = predict_heldout(default_constants("h100"))
+    return {
+        "in_sample": {"cells": len(runs), "mean_abs_error_pct": _mean_abs_pct(in_sample)},
+        "leave_one_workload_out": {"cells": len(lowo), "mean_abs_error_pct": _mean_abs_pct(lowo),
+                                   "per_workload": per_workload},
+        "leave_one_gpu_type_out": logo,
+        "held_out": {"rows": held_rows, "mean_abs_error_pct":
+                     statistics.fmean(abs(r["error_pct"]) for r in held_rows),
+                     "mean_signed_error_pct": statistics.fmean(r["error_pct"] for r in held_rows),
+                     "mean_abs_error_pct_default_constants":
+                     statistics.fmean(abs(r["error_pct"]) for r in default_rows)},
+        "fitted_constants": full.to_dict(),
+        "sweeps": sweeps,
+    }
+
+
+def print_splits(acc: dict) -> None:
+    print(f"\nAccuracy splits (calibrate.fit, {acc['sweeps']} sweeps, seed cells only):")
+    ins, lowo = acc["in_sample"], acc["leave_one_workload_out"]
+    print(f"  in-sample                 {ins['cells']:3d} cells  mean |error| "
+          f"{ins['mean_abs_error_pct']:5.1f}%")
+    print(f"  leave-one-workload-out    {lowo['cells']:3d} cells  mean |error| "
+          f"{lowo['mean_abs_error_pct']:5.1f}%  ("
+          + ", ".join(f"{w}: {v['mean_abs_error_pct']:.1f}%"
+                      for w, v in lowo["per_workload"].items()) + ")")
+    for gpu, v in acc["leave_one_gpu_type_out"].items():
+        value = (f"{v['mean_abs_error_pct']:5.1f}%" if v["mean_abs_error_pct"] is not None
+                 else v["why"])
+        print(f"  leave-one-GPU-type-out    {gpu}: {value}")
+    held = acc["held_out"]
+    print(f"  held-out (published B200/GB200 rows, nothing fitted on them): "
+          f"{len(held['rows'])} rows  mean |error| {held['mean_abs_error_pct']:.1f}% "
+          f"(signed {held['mean_signed_error_pct']:+.1f}%; default constants "
+          f"{held['mean_abs_error_pct_default_constants']:.1f}%)")
+    for r in held["rows"]:
+        print(f"    {r['row']:74} {r['measured_s']:7.3f} s  predicted {r['predicted_s']:7.3f} s"
+              f"  {r['error_pct']:+6.1f}%  (GEMMs {100 * r['gemm_share']:.0f}% of the step)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=("table", "json"), default="table")
@@ -74,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="ignore the cluster config's calibration (default constants)")
     parser.add_argument("--catalog-only", action="store_true",
                         help="use the catalog's plans as they are, without recipe_overrides()")
+    parser.add_argument("--quick", action="store_true",
+                        help="only the table: skip the refits of the accuracy splits (~2 min)")
     args = parser.parse_args(argv)
     config = {}
     if not args.no_config:
@@ -81,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config()
     rows = predict_references(config, corrections=not args.catalog_only)
     stats = summary(rows)
+    acc = None if args.quick else accuracy_splits()
     if args.format == "json":
-        json.dump({"cells": rows, "summary": stats}, sys.stdout, indent=2)
+        json.dump({"cells": rows, "summary": stats, "accuracy": acc}, sys.stdout, indent=2)
         print()
         return 0
     head = (f"{'workload':19} {'size':10} {'dtype':5} {'GPUs':>5}  {'layout':42} "
@@ -99,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{stats['cells']} cells: mean |error| {stats['mean_abs_error_pct']:.1f}%, "
           f"max |error| {stats['max_abs_error_pct']:.1f}%, "
           f"{stats['within_10_pct']} within 10%, {stats['within_20_pct']} within 20%")
+    if acc is not None:
+        print_splits(acc)
     return 0
 
 
