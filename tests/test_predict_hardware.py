@@ -1,0 +1,158 @@
+"""predict --hardware (a probe profile's measured figures), measured catalog figures for GPU
+types the seeds never measured, and the accuracy splits of bench/predict_accuracy.py.
+
+tests/data/hardware/h100-made-up.json is hand-written: its numbers are MADE UP for these
+tests, not a measurement. It describes 2 nodes x 8 H100 where rank 5 is the slowest GEMM
+rank (600 bf16 TFLOPS, the others 700; fp8 1300 everywhere), node 1 the slowest all-reduce
+node (300 GB/s bus bandwidth at 1 GiB, node 0 360), local index 3 the slowest cross-node
+group (35 GB/s, the others 40) and node 1's 1 KiB all-reduce takes 48 us over 8 ranks.
+"""
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainbench.catalog import heldout, measured
+from trainbench.cli import app
+from trainbench.plan import build_plan
+from trainbench.predict import hardware_profile as hp
+from trainbench.predict.constants import default_constants
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "tests" / "data" / "hardware" / "h100-made-up.json"
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def cluster_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINBENCH_CONFIG", str(tmp_path / "cluster.yaml"))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("predict_accuracy",
+                                                  ROOT / "bench" / "predict_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_profile_figures_are_the_slowest_rank_node_and_link():
+    facts = hp.read_facts(PROFILE)
+    assert facts.gpu_type == "h100" and facts.ranks == 16 and facts.nodes == 2
+    assert facts.gemm["bf16"][0] == 600.0 and "rank 5" in facts.gemm["bf16"][2]
+    assert facts.gemm["fp8"][0] == 1300.0
+    assert facts.intra_node_busbw_gbs == 300.0
+    assert facts.network_gbs == 35.0
+    assert facts.latency_us == pytest.approx(48.0 / 3)  # log2(8) steps of a log-depth collective
+
+
+def test_profile_replaces_catalog_figures_and_halving_gemm_doubles_the_gemm_time(tmp_path):
+    plan = build_plan("pretrain_llama3.1", "8b", "bf16", 16, "h100")
+    base, base_fig = hp.predict_with_profile(plan, None, sharding="recipe", config={})
+    pred, figures = hp.predict_with_profile(plan, hp.read_facts(PROFILE), sharding="recipe",
+                                            config={})
+    assert pred.constants["gemm_eff_bf16"] != base.constants["gemm_eff_bf16"]
+    # 600 TFLOPS at a shape whose smallest side is 4096: eff * 4096/(4096+90) * 989 = 600.
+    d = default_constants("h100").gemm_half_dim
+    assert pred.constants["gemm_eff_bf16"] == pytest.approx(600 / (989 * 4096 / (4096 + d)))
+    assert figures["gemm_eff_bf16"].startswith("measured: hardware profile")
+    assert figures["network_gbs"].startswith("measured: hardware profile")
+    assert base_fig["gemm_eff_bf16"].startswith("fitted to the seeds")
+
+    data = json.loads(PROFILE.read_text())
+    halved = copy.deepcopy(data)
+    for rank in halved["ranks"]:
+        for g in rank["gemm"]:
+            if g["dtype"] == "bf16":
+                g["tflops"] /= 2
+    slow_path = tmp_path / "halved.json"
+    slow_path.write_text(json.dumps(halved))
+    slow, _ = hp.predict_with_profile(plan, hp.read_facts(slow_path), sharding="recipe",
+                                      config={})
+    assert slow.compute_breakdown["gemm"] == pytest.approx(2 * pred.compute_breakdown["gemm"])
+    assert slow.compute_breakdown["attention"] == pytest.approx(
+        pred.compute_breakdown["attention"])
+    assert slow.step_time_s > pred.step_time_s
+
+
+def test_cli_hardware_json_and_bad_profiles(tmp_path):
+    args = ["predict", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
+            "16", "--format", "json"]
+    res = runner.invoke(app, [*args, "--hardware", str(PROFILE)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["hardware_profile"] == str(PROFILE)
+    assert data["hardware_figures"]["intra_node_busbw_gbs"].startswith("measured: hardware")
+
+    wrong = tmp_path / "old.json"
+    wrong.write_text(json.dumps({"schema": 0, "ranks": []}))
+    other_gpu = tmp_path / "b200.json"
+    data = json.loads(PROFILE.read_text())
+    data["machine"]["gpu_type"] = "b200"
+    other_gpu.write_text(json.dumps(data))
+    for bad, words in ((tmp_path / "missing.json", "no such file"),
+                       (wrong, "schema 0"),
+                       (other_gpu, "measured on b200")):
+        res = runner.invoke(app, [*args, "--hardware", str(bad)])
+        assert res.exit_code == 2, res.output
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("trainbench: error: ")
+        assert words in lines[0] and "Traceback" not in res.output
+
+
+def test_non_seed_gpu_uses_measured_figures_with_their_source():
+    plan = build_plan("pretrain_llama3.1", "8b", "bf16", 8, "h200")
+    _, figures = hp.predict_with_profile(plan, None, config={})
+    assert figures["network_gbs"].startswith("measured: ") and "hardware.md" in figures[
+        "network_gbs"]
+    h200 = measured.measured_for("h200")
+    assert h200.intra_node_busbw_gbs.value == 370.0 and h200.intra_node_busbw_gbs.source
+    # No public GEMM figure could be cited: None, a reason, and predict says it assumes.
+    assert h200.gemm_tflops["bf16"].value is None and h200.gemm_tflops["bf16"].reason
+    assert figures["gemm_eff_bf16"].startswith("assumed:")
+    b200_plan = build_plan("pretrain_llama3.1", "8b", "fp8", 8, "b200")
+    _, b200 = hp.predict_with_profile(b200_plan, None, config={})
+    assert b200["intra_node_busbw_gbs"].startswith("assumed:")
+    for entry in measured.MEASURED.values():
+        for fig in (*entry.gemm_tflops.values(), entry.intra_node_busbw_gbs, entry.network_gbs,
+                    entry.collective_latency_us):
+            assert (fig.value is not None and fig.source) or (fig.value is None and fig.reason)
+
+
+def test_leave_one_workload_out_refits_without_the_group():
+    bench = _bench()
+    runs = [r for r in bench.seed_runs()
+            if r.source in ("pretrain_nemotronh", "pretrain_nemotron4")]
+    names = ("scan_eff", "gemm_eff_fp8")
+    full, full_set, none_held = bench.refit(runs, sweeps=1, names=names)
+    out, fit_set, held = bench.refit(runs, lambda r: r.source == "pretrain_nemotronh",
+                                     sweeps=1, names=names)
+    assert not none_held and len(full_set) == len(runs)
+    assert held and all(r.source == "pretrain_nemotronh" for r in held)
+    assert fit_set and not any(r.source == "pretrain_nemotronh" for r in fit_set)
+    # Only Nemotron-H runs the Mamba scan: with it left out, nothing moves scan_eff from its
+    # default, while the full fit moves it.
+    default = default_constants("h100").scan_eff
+    assert out.scan_eff == pytest.approx(default, rel=1e-3)
+    assert abs(full.scan_eff / default - 1) > 0.05
+
+
+def test_held_out_rows_are_other_gpus_with_sources_and_never_fitted():
+    bench = _bench()
+    seeds = bench.seed_runs()
+    seed_gpus = {r.plan.gpu_type for r in seeds}
+    assert heldout.HELD_OUT
+    for row in heldout.HELD_OUT:
+        assert row.gpu_type not in seed_gpus and row.source and row.step_time_s > 0
+        if row.tokens_per_s_per_gpu:
+            # step = GBS x seq / (tokens/s/GPU x GPUs), the tables' own definition
+            assert row.step_time_s * row.tokens_per_s_per_gpu * row.gpus == pytest.approx(
+                row.gbs * row.seq_len)
+    # A refit on the seed cells cannot reach a held-out row: fit() keeps one GPU type's runs.
+    rows = bench.predict_heldout(default_constants("h100"))
+    assert len(rows) == len(heldout.HELD_OUT)
+    assert all(r["predicted_s"] > 0 for r in rows)
