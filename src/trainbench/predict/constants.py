@@ -34,7 +34,18 @@ class Constants:
     attn_half_len: float = 450.0
     """Sequence length per attention kernel at which flash attention's efficiency halves."""
     scan_eff: float = 0.09
-    """Mamba-2 chunked scan and causal convolution, fraction of the BF16 peak."""
+    """Mamba-2 chunked scan and causal convolution, fraction of the BF16 peak.
+
+    The one constant only one seed workload informs (Nemotron-H is the only model with the
+    scan), so today it is in effect fitted to that workload on H100. It stays because no
+    derivation from the operation's arithmetic reproduces it: the SSD kernels' matmuls are
+    chunk-sized (Q x Q x head_dim, head_dim 64), and the GEMM fall-off of this model at
+    d = 64 gives 0.70 * 64 / (64 + 90) = 0.29 of peak, three times the 0.09 the published
+    step times imply; the gap is the scan's elementwise work (exp, cumsum, the fp32 chunk
+    states), which no FLOP count here captures. What replaces it: a scan kernel timed by
+    `trainbench probe` (the Mamba-2 SSD forward + backward at the recipe's chunk and head
+    sizes), read by predict --hardware like the GEMM figures. Until then the README and
+    bench/predict_accuracy.py report Nemotron-H's leave-one-workload-out error with it."""
     hbm_eff: float = 0.45
     """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, casts) reach."""
     layer_overhead_us: float = 30.0
@@ -74,7 +85,9 @@ FIELDS = tuple(f.name for f in fields(Constants))
 
 # Per GPU type. Hopper values come from the H100 reference cells (bench/predict_accuracy.py);
 # other types start from the same efficiencies with their own peaks and bandwidths until a
-# calibration (`trainbench predict --calibrate`) measures them.
+# calibration (`trainbench predict --calibrate`) or a probe profile (`predict --hardware`)
+# measures them; catalog.measured holds no citable sustained GEMM figure for them yet, and
+# predict labels the figure an assumption.
 DEFAULTS: dict[str, Constants] = {
     "h100": Constants(),
     "h200": Constants(),
