@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .. import flops as flops_mod
-from ..metrics import default_window
 from ..launch.experiment import METRICS_FILE, RUN_FILE, log_file_name
+from ..metrics import default_window
 from ..plan import FP8_DTYPES, Plan
 from . import data
 from .log import StepMetrics, format_step_line

@@ -231,6 +231,10 @@ def print_summary(out, r) -> None:
             None if r.mfu_pct is None else f"{r.mfu_pct:.2f}% of {r.peak_tflops:.4g} TFLOPS")
     row("days per 1T tokens", r.days_per_1t_tokens, "{:,.1f}")
     row("peak memory (GiB)", r.peak_memory_gib, "{:.2f}")
+    if r.energy_per_token_j is not None:  # run.json's telemetry says what it covers
+        row("energy per token (J)", r.energy_per_token_j, "{:.4g}")
+    if r.throttled:
+        row("clocks", "THROTTLED during the timed window (see the notes)")
     if r.ref_step_time_s is not None:
         row("reference step time (s)", r.ref_step_time_s)
         row("% of reference tokens/s", r.pct_of_ref_tokens_per_s, "{:.1f}%")

@@ -155,6 +155,7 @@ TABLE_COLUMNS = (
      else f"{r.pct_of_ref_step_time:.1f}%", "right"),
     ("%ref tok/s", lambda r: "-" if r.pct_of_ref_tokens_per_s is None
      else f"{r.pct_of_ref_tokens_per_s:.1f}%", "right"),
+    ("J/token", lambda r: _num(r.energy_per_token_j, ".3g"), "right"),
     ("verdict", lambda r: r.verdict, "left"),
 )
 

@@ -88,6 +88,12 @@ class ExperimentResult:
     """The reference MFU recomputed under this result's FLOPs convention."""
     pct_of_ref_step_time: float | None = None
     pct_of_ref_tokens_per_s: float | None = None
+    energy_per_token_j: float | None = None
+    """Energy over the timed window / its tokens, from run.json's telemetry (NVML on GPUs,
+    RAPL on CPUs where readable); run.json's telemetry says what it covers."""
+    throttled: bool | None = None
+    """Whether clocks were throttled (power, thermal, HW slowdown) in the timed window;
+    None where the machine cannot say."""
     verdict: str = ""
     comparable: bool = True
     """False for profiled or NCCL-traced runs: their timings are not valid for comparison."""
@@ -365,8 +371,25 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
 
     _comparability(result, facts, scan)
     _window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
+    _telemetry(result, facts)
     _compare(result, spec, convention, tolerance_pct)
     return result
+
+
+def _telemetry(result: ExperimentResult, facts: _RunFacts) -> None:
+    """Energy per token and throttling from the engine's telemetry in run.json."""
+    telemetry = (facts.run or {}).get("telemetry")
+    if not isinstance(telemetry, dict):
+        return
+    energy = telemetry.get("energy_per_token_j")
+    result.energy_per_token_j = float(energy) if isinstance(energy, (int, float)) else None
+    throttled = telemetry.get("throttled")
+    result.throttled = throttled if isinstance(throttled, bool) else None
+    if result.throttled:
+        reasons = ", ".join(telemetry.get("throttle_reasons") or []) or "reason not reported"
+        what = "GPU" if telemetry.get("source") == "nvml" else "CPU"
+        result.notes.append(f"{what} throttled during the timed window ({reasons}): its "
+                            "timings reflect lowered clocks")
 
 
 def _identify(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: Path,
@@ -669,6 +692,9 @@ def _compare(result: ExperimentResult, spec, convention: str, tolerance_pct: flo
         result.verdict = speed_verdict(ratio, tolerance_pct)
         if result.status == INCOMPLETE:
             result.verdict += " (incomplete run)"
+    if result.throttled and result.verdict not in ("failed", "invalid"):
+        # Still compared (the clocks are a fact of the machine), never silently.
+        result.verdict = f"throttled: {result.verdict}"
 
 
 def summarize_paths(paths: list[str | Path], **options) -> list[ExperimentResult]:
