@@ -123,6 +123,13 @@ def test_bus_factors_are_nccl_tests():
         P.bus_factor("broadcast", 8)
 
 
+def test_gemm_rates_are_shown_against_the_catalog_peak():
+    # 795 of the H100's 989 dense bf16 TFLOPS: 80.38...%.
+    assert P.share_of_peak("h100", "bf16", 795) == "80.4% of 989"
+    assert P.share_of_peak("h100", "bf16", 1200).startswith("INVALID: above the H100 SXM's 989")
+    assert P.share_of_peak("cpu", "fp32", 0.04) is None
+
+
 def test_sizes_are_powers_of_two_between_the_bounds():
     assert P.parse_size("64M", "--max-size") == 64 * 2**20
     assert P.parse_size("1GiB", "--max-size") == 2**30

@@ -159,6 +159,21 @@ def gemm_shapes(device: str) -> list[dict]:
     return shapes
 
 
+def share_of_peak(gpu_type: str, dtype: str, tflops: float) -> str | None:
+    """A measured GEMM rate against the catalog's dense peak for the GPU type ('80.4% of
+    989'), flagged when above it (the GPU is not what --gpu says); None where the catalog
+    has no peak (a CPU, an unknown GPU, fp32)."""
+    from ..catalog import hardware
+    gpu = hardware.GPUS.get(gpu_type)
+    peak = gpu.peak_tflops.get(dtype) if gpu else None
+    if not peak:
+        return None
+    if tflops > peak:
+        return (f"INVALID: above the {gpu.name}'s {peak:g} TFLOPS {dtype} peak; is this "
+                "really that GPU (--gpu)?")
+    return f"{100 * tflops / peak:.1f}% of {peak:g}"
+
+
 # --- the verdict ------------------------------------------------------------------------------
 
 def _below(value: float, peers: list[float]) -> float | None:

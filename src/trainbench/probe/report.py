@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .profile import COLLECTIVES, fmt_bytes
+from .profile import COLLECTIVES, fmt_bytes, share_of_peak
 
 
 def print_profile(out, profile: dict, where: Path | None = None) -> None:
@@ -27,7 +27,9 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
         best = []
         for d in dtypes:
             rates = [g["tflops"] for g in r["gemm"] if g["dtype"] == d and g.get("tflops")]
-            best.append(f"{max(rates):.4g}" if rates else "n/a")
+            share = share_of_peak(m["gpu_type"], d, max(rates)) if rates else None
+            best.append("n/a" if not rates else f"{max(rates):.4g}" + (
+                f" ({escape(share)})" if share else ""))
         health = (f"[red]slow: {slow[r['rank']]['below_pct']:.0f}% below peers[/red]"
                   if r["rank"] in slow else "ok")
         ranks.add_row(str(r["rank"]), escape(r["host"]), str(r["local_rank"]),
@@ -52,8 +54,9 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
 
     verdict = profile["verdict"]
     colour = "red" if verdict["status"] == "slow" else "green"
-    out.print(f"health: [{colour}]{verdict['status']}[/{colour}] (slow = more than "
-              f"{verdict['threshold_pct']:g}% below the median of its peers)", highlight=False)
+    rule = (f" (slow = more than {verdict['threshold_pct']:g}% below the median of its peers)"
+            if len(profile["ranks"]) > 1 else "")
+    out.print(f"health: [{colour}]{verdict['status']}[/{colour}]{rule}", highlight=False)
     for finding in verdict["findings"]:
         out.print(f"  {escape(finding['message'])}", highlight=False)
     if profile.get("test_hook"):

@@ -96,6 +96,7 @@ class Rank:
                 m, k, n = shape["m"], shape["k"], shape["n"]
                 entry = {"dtype": dtype_name, "shape": shape["name"], "m": m, "k": k, "n": n}
                 self.dist.barrier()
+                fn = None
                 try:
                     fn = self._gemm_fn(dtype_name, m, k, n)
                     fn()  # warm-up: kernel selection, first-touch of the operands
