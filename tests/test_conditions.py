@@ -19,7 +19,7 @@ from trainbench import conditions
 from trainbench.engine import telemetry
 from trainbench.results.summary import summarize_experiment
 
-from helpers import train
+from helpers import read_metrics, train
 
 SECRETS = {"HF_TOKEN": "hf_secretvalue123",
            "NCCL_SOCKET_PASSWORD": "xyzsecret987",
@@ -171,10 +171,25 @@ def test_cpu_sampler_records_what_this_machine_offers():
     x = torch.randn(256, 256)
     for _ in range(20):  # some work while the thread samples
         x = (x @ x).tanh()
+    step = sampler.step_summary()
     summary = sampler.stop()
     assert summary["source"] == "cpu sysfs"
     assert summary["samples"] >= 2  # one at the start, one at the stop at least
+    assert 1 <= step["samples"] < summary["samples"]
+    assert ("cpu_clock_mhz" in step) == (summary["cpu_clock_mhz"] is not None)
     _assert_cpu_telemetry_truthful(summary)
+
+
+@pytest.mark.skipif(_has_gpu(), reason="checks a machine without NVIDIA GPUs")
+def test_gpu_sampler_without_nvml_says_so_and_never_raises():
+    sampler = telemetry.Sampler("cuda")
+    sampler.start()
+    assert sampler.step_summary() is None
+    summary = sampler.stop()
+    assert summary["source"] is None and summary["samples"] == 0
+    assert summary["energy_j"] is None and summary["throttled"] is None
+    assert any(m.startswith("telemetry:") and "NVML" in m for m in summary["missing"]), \
+        summary["missing"]
 
 
 def test_combine_sums_energy_over_nodes_or_says_why_not():
@@ -237,6 +252,12 @@ def test_cpu_run_records_telemetry_of_its_window(secret_run):
     assert tel["window_tokens"] == 2 * plan["gbs"] * plan["seq_len"]
     assert tel["nodes"] == 1
     _assert_cpu_telemetry_truthful(tel)
+    # the window's steps carry their own readings in metrics.jsonl, the warm-up's none
+    per_step = {r["iteration"]: r.get("telemetry") for r in read_metrics(exp)}
+    assert per_step[0] is None
+    assert sum(per_step[i]["samples"] for i in (1, 2)) <= tel["samples"]
+    if tel["energy_j"] is None:
+        assert per_step[1]["energy_j"] is None and per_step[2]["energy_j"] is None
     result = summarize_experiment(exp)
     assert result.throttled == tel["throttled"]
     assert result.energy_per_token_j == tel["energy_per_token_j"]

@@ -51,6 +51,10 @@ def slowdown_names(mask: int) -> list[str]:
     return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit & SLOWDOWN_BITS]
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def stats(values: list[float]) -> dict | None:
     if not values:
         return None
@@ -129,6 +133,7 @@ class CpuSysfsSource(_Source):
                               "every process on them, not this run alone)")
         self._last_uj: list[int] | None = None
         self._total_uj = 0
+        self._lock = threading.Lock()  # the sampler thread and the step marks both read
         throttle = glob.glob("/sys/devices/system/cpu/cpu[0-9]*/thermal_throttle/"
                              "*_throttle_count")
         self.throttle_files = sorted(throttle)
@@ -148,14 +153,15 @@ class CpuSysfsSource(_Source):
     def energy_j(self) -> float | None:
         if not self.rapl_readable:
             return None
-        now = [self._read_int(f"{d}/energy_uj") for d in self.rapl_readable]
-        if self._last_uj is not None:
-            for d, before, after in zip(self.rapl_readable, self._last_uj, now):
-                if after < before:  # the counter wrapped at max_energy_range_uj
-                    after += self._read_int(f"{d}/max_energy_range_uj")
-                self._total_uj += after - before
-        self._last_uj = now
-        return self._total_uj / 1e6
+        with self._lock:
+            now = [self._read_int(f"{d}/energy_uj") for d in self.rapl_readable]
+            if self._last_uj is not None:
+                for d, before, after in zip(self.rapl_readable, self._last_uj, now):
+                    if after < before:  # the counter wrapped at max_energy_range_uj
+                        after += self._read_int(f"{d}/max_energy_range_uj")
+                    self._total_uj += after - before
+            self._last_uj = now
+            return self._total_uj / 1e6
 
     def sample(self) -> dict:
         out = {}
@@ -234,11 +240,41 @@ class Sampler:
         while not self._stop.wait(self.interval_s):
             self._sample_once()
 
+    def step_summary(self) -> dict | None:
+        """This node's readings since the previous call (or the start): for one step's
+        metrics.jsonl record. Energy is the counter's difference; readings are the
+        samples the thread took meanwhile (none in a step shorter than the interval)."""
+        if self.source is None or self._thread is None:
+            return None
+        try:
+            n = len(self.samples)
+            new, self._mark = self.samples[self._mark:n], n
+            energy = self._energy("step")
+            out = {"samples": len(new), "energy_j": None}
+            if energy is not None and self._last_energy is not None:
+                out["energy_j"] = energy - self._last_energy
+            self._last_energy = energy
+            for key, reduce in (("sm_clock_mhz", _mean), ("power_w", _mean),
+                                ("temperature_c", max), ("cpu_clock_mhz", _mean)):
+                values = [v for s in new for v in s.get(key, [])]
+                if values:
+                    out[key] = reduce(values)
+            mask = 0
+            for s in new:
+                mask |= s.get("reasons", 0)
+            if mask & SLOWDOWN_BITS:
+                out["throttle_reasons"] = slowdown_names(mask)
+            return out
+        except Exception as err:  # noqa: BLE001
+            self._note("step telemetry", err)
+            return None
+
     def start(self) -> None:
         if self.source is None:
             return
         self._t0 = time.monotonic()
         self.energy_start = self._energy("window start")
+        self._last_energy, self._mark = self.energy_start, 0
         self._sample_once()
         self._thread = threading.Thread(target=self._run, name="trainbench-telemetry",
                                         daemon=True)

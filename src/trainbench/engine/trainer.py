@@ -236,6 +236,18 @@ class Trainer:
             self.telemetry = Sampler(self.device.type, local_gpus=local)
             self.telemetry.start()
 
+    def metrics_record(self, metrics: StepMetrics) -> str:
+        """The step's metrics.jsonl line; inside the window it carries rank 0's node
+        telemetry for the step (`telemetry`: energy, mean clock and power, peak
+        temperature, slowdown reasons)."""
+        line = metrics.to_json()
+        step = self.telemetry.step_summary() if self.telemetry is not None else None
+        if step is None:
+            return line
+        data = json.loads(line)
+        data["telemetry"] = step
+        return json.dumps(data)
+
     def telemetry_after_step(self, step: int) -> None:
         """At the window's end every rank joins one all-reduce of the nodes' energy and
         throttling; rank 0 writes the job's summary into run.json."""
@@ -493,7 +505,7 @@ class Trainer:
             self.step += 1
             if self.rank == 0:
                 self.log(format_step_line(metrics))
-                self.metrics_file.write(metrics.to_json() + "\n")
+                self.metrics_file.write(self.metrics_record(metrics) + "\n")
             self.telemetry_after_step(self.step - 1)
             self.tracer.after_step(self.step - 1)
             if saving and (self.step == self.total_steps
