@@ -267,12 +267,23 @@ class Trainer:
         first, last = self.telemetry_window
         tokens = self.plan.seq_len * self.plan.gbs * (last - first + 1)
         nodes, with_energy, total, throttled = facts.tolist()
+        node = node or {"source": None, "samples": 0, "throttled": None, "throttle_reasons": [],
+                        "missing": ["telemetry: rank 0 sampled nothing"]}
         summary = combine(node, total if with_energy else None, int(nodes), int(with_energy),
                           int(throttled), tokens)
         summary["window"] = [first, last]
-        info = json.loads((self.exp_dir / RUN_FILE).read_text())
+        path = self.exp_dir / RUN_FILE
+        info = json.loads(path.read_text())
         info["telemetry"] = summary
-        (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
+        # Written beside and renamed: a full disk leaves run.json as it was, and the
+        # run goes on (its own failure, if any, is the checkpoint's to report).
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(info, indent=2))
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self.log(f"trainbench: telemetry not written to {RUN_FILE}: {exc}")
         if summary.get("throttled"):
             self.log("trainbench: clocks throttled during the timed window: "
                      + ", ".join(summary["throttle_reasons"]))
@@ -436,10 +447,25 @@ class Trainer:
         if self.pipeline is not None:  # the schedule takes all microbatches at once
             batches = [(torch.cat([i for i, _ in batches]), torch.cat([t for _, t in batches]))]
         batches = [self.context_shard(inputs, labels) for inputs, labels in batches]
-        loss_sum = torch.zeros((), device=self.device)
         self.positions()
         self.synchronize()
         start = time.perf_counter()
+        loss_sum, grad_norm = self.timed_step(batches)
+        self.synchronize()
+        elapsed = time.perf_counter() - start
+        return self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)
+
+    def timed_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward, clipping and optimizer step: (loss sum, grad norm) as tensors.
+
+        Nothing here reads a tensor's value on the host (no .item(), float(), bool() or
+        copy to the CPU): on a GPU each such read would stall the CPU until the queued
+        kernels finish, leaving the GPU idle while the next kernels are launched. The
+        values are read once, after the step's timing sync (step_metrics).
+        tests/test_host_sync.py guards this.
+        """
+        loss_sum = torch.zeros((), device=self.device)
         if self.pipeline is not None:
             loss_sum += self.pipeline_step(*batches[0])
         else:
@@ -452,9 +478,7 @@ class Trainer:
         if self.plan.dtype in FP8_DTYPES:
             from .parallel.float8 import after_optimizer_step
             after_optimizer_step(self.model_parts, self.plan, dist.get_backend())
-        self.synchronize()
-        elapsed = time.perf_counter() - start
-        return self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)
+        return loss_sum, grad_norm
 
     def step_metrics(self, step: int, lr: float, local_loss: torch.Tensor,
                      grad_norm: torch.Tensor, elapsed: float) -> StepMetrics:
