@@ -195,8 +195,10 @@ def gpu_info(nvml, missing: list[str]) -> list[dict]:
         missing.append("gpus: NVML sees no GPU")
     gpus = []
     for index in range(count):
-        h = nvml.nvmlDeviceGetHandleByIndex(index)
         tag = f"gpu {index}"
+        h = _nvml(missing, tag, nvml.nvmlDeviceGetHandleByIndex, index)
+        if h is None:
+            continue
 
         def q(what, call, *args, h=h, tag=tag):
             return _nvml(missing, f"{tag} {what}", call, h, *args)
