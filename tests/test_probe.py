@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-from pathlib import Path
 
 import pytest
 

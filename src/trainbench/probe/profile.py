@@ -69,7 +69,7 @@ def busbw_gbs(op: str, n: int, size_bytes: int, time_s: float) -> float:
     return algbw_gbs(size_bytes, time_s) * bus_factor(op, n)
 
 
-_SIZE = re.compile(r"(\d+)\s*([kmg]?)(i?b?)", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+)\s*(?:([kmg])(?:i?b)?|b)?", re.IGNORECASE)
 
 
 def parse_size(text: str, option: str) -> int:
@@ -79,8 +79,7 @@ def parse_size(text: str, option: str) -> int:
     if not m:
         raise ProbeError(f"{option} {text!r} is not a size; use bytes or a number with K, M "
                          "or G (binary units), e.g. 64M or 1GiB")
-    value = int(m.group(1)) * {"": 1, "k": KIB, "m": MIB, "g": GIB}[m.group(2).lower()]
-    return value
+    return int(m.group(1)) * {"": 1, "k": KIB, "m": MIB, "g": GIB}[(m.group(2) or "").lower()]
 
 
 def message_sizes(min_size: int, max_size: int) -> list[int]:
