@@ -44,7 +44,8 @@ def _default_paths(root: Path | None) -> list[Path]:
     return [where]
 
 
-def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, root=None):
+def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, root=None,
+               tolerance_pct=None):
     """Results of every experiment under paths, or a clean exit 2 saying what is wrong."""
     from .. import metrics
     from ..cli import fail
@@ -61,8 +62,9 @@ def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, roo
             fail(f"--window: {err}")
     roots = list(paths) if paths else _default_paths(root)
     try:
+        more = {} if tolerance_pct is None else {"tolerance_pct": tolerance_pct}
         results = summarize_paths(roots, window=win, convention=convention, workload=workload,
-                                  size=size, dtype=dtype, scale=scale, gpu=gpu)
+                                  size=size, dtype=dtype, scale=scale, gpu=gpu, **more)
     except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
         fail(str(err))
     if not results:
@@ -128,6 +130,19 @@ def register(app) -> None:
         gpu: str = _GPU_OPT,
         records: bool = typer.Option(False, "--records", help="JSON: include every step record."),
         root: Optional[Path] = _ROOT_OPT,
+        baseline: Optional[list[Path]] = typer.Option(
+            None, "--baseline", help="Check each plan against a baseline: a file written by "
+                                     "--save-baseline, or earlier experiment directories "
+                                     "(repeatable). Exit 1 when a plan fails.",
+            show_default=False),
+        save_baseline: Optional[Path] = typer.Option(
+            None, "--save-baseline", help="Write these runs' per-plan baseline to this new "
+                                          "JSON file."),
+        reference: bool = typer.Option(False, "--reference", help="Check each plan against "
+                                       "the published tables (>= 100-tolerance % of their "
+                                       "tokens/s). Exit 1 when a plan fails."),
+        tolerance: float = typer.Option(5.0, "--tolerance", help="Tolerance in percent of "
+                                        "verdicts, --baseline and --reference."),
     ):
         """Status, step times, throughput and MFU of runs, against the references.
 
@@ -145,13 +160,17 @@ def register(app) -> None:
                 fail(str(err))
         if output is not None:
             _check_new_file(output)
+        from .baseline import check_inputs, run_gate
+        base = check_inputs(baseline, save_baseline, tolerance, window, convention, workload,
+                            size, dtype, scale, gpu)
         results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
-                             root)
+                             root, tolerance)
         results = report.sort_results(results, sort)
+        gate = run_gate(results, base, reference, save_baseline, tolerance)
         if fmt == "csv":
-            text = report.to_csv(results)
+            text = report.to_csv(results, gate.csv_columns(results))
         elif fmt == "json":
-            text = report.to_json(results, with_records=records) + "\n"
+            text = report.to_json(results, with_records=records, extra=gate.json()) + "\n"
         elif output is not None:
             import io
 
@@ -159,9 +178,12 @@ def register(app) -> None:
             buf = io.StringIO()
             report.print_table(results, Console(file=buf, width=250, color_system=None),
                                convention)
-            text = buf.getvalue()
+            text = buf.getvalue() + "".join(line + "\n" for line in gate.lines())
         else:
             report.print_table(results, console(), convention)
+            for line in gate.lines():
+                typer.echo(line)
+            gate.finish(fmt)
             return
         if output is not None:
             _write_new_file(output, text)
@@ -169,6 +191,7 @@ def register(app) -> None:
                        + report.summary_line(results))
         else:
             typer.echo(text, nl=False)
+        gate.finish(fmt)
 
     @app.command("plot")
     def plot_command(

@@ -93,22 +93,30 @@ def unrecognised_line(results: list[ExperimentResult]) -> str | None:
 
 # --- CSV and JSON ---------------------------------------------------------------------------
 
-def to_csv(results: list[ExperimentResult]) -> str:
+def to_csv(results: list[ExperimentResult], extra: list[dict] | None = None) -> str:
+    """extra: per result, columns appended after its own (the plan's repeats statistics)."""
     buf = io.StringIO()
     names = [f.name for f in fields(ExperimentResult) if f.name != "records"]
+    if extra:
+        names += [k for k in extra[0] if k not in names]
     writer = csv.DictWriter(buf, fieldnames=names, lineterminator="\n")
     writer.writeheader()
-    for r in results:
+    for i, r in enumerate(results):
         row = r.to_dict()
+        if extra:
+            row.update(extra[i])
         row["notes"] = "; ".join(row["notes"])
         row["facts"] = json.dumps(row["facts"], sort_keys=True) if row["facts"] else ""
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
     return buf.getvalue()
 
 
-def to_json(results: list[ExperimentResult], with_records: bool = False) -> str:
+def to_json(results: list[ExperimentResult], with_records: bool = False,
+            extra: dict | None = None) -> str:
+    """extra: more top-level keys (the plans' repeats statistics, a baseline verdict)."""
     return json.dumps({"summary": summary(results),
-                       "experiments": [r.to_dict(with_records) for r in results]}, indent=2)
+                       "experiments": [r.to_dict(with_records) for r in results],
+                       **(extra or {})}, indent=2)
 
 
 # --- the rich table -------------------------------------------------------------------------
