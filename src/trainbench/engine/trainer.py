@@ -443,17 +443,23 @@ class Trainer:
         # (with their collectives), gradient clipping and the optimizer step. The batches
         # are made, cut to this rank's part and on the device before it starts; the loss
         # and gradient norm are read (a host sync) only after it stops, in step_metrics.
-        batches = self.step_batches(step)
-        if self.pipeline is not None:  # the schedule takes all microbatches at once
-            batches = [(torch.cat([i for i, _ in batches]), torch.cat([t for _, t in batches]))]
-        batches = [self.context_shard(inputs, labels) for inputs, labels in batches]
-        self.positions()
+        batches = self.timed_step_inputs(step)
         self.synchronize()
         start = time.perf_counter()
         loss_sum, grad_norm = self.timed_step(batches)
         self.synchronize()
         elapsed = time.perf_counter() - start
         return self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)
+
+    def timed_step_inputs(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The step's microbatches as timed_step takes them (this rank's part of each
+        sequence, all at once for a pipeline), and the positions made."""
+        batches = self.step_batches(step)
+        if self.pipeline is not None:  # the schedule takes all microbatches at once
+            batches = [(torch.cat([i for i, _ in batches]), torch.cat([t for _, t in batches]))]
+        batches = [self.context_shard(inputs, labels) for inputs, labels in batches]
+        self.positions()
+        return batches
 
     def timed_step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
