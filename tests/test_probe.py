@@ -242,3 +242,41 @@ def test_unwritable_root_is_refused(tmp_path):
     assert res.returncode == 2
     assert res.stderr.startswith("trainbench: error: probe root") and "Traceback" not in res.stderr
     assert list(root.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_two_nodes_are_probed_across_nodes(tmp_path, monkeypatch):
+    """Two torchrun agents on this machine stand for two nodes of one rank each (as srun
+    starts them on Slurm): the ranks form the cross-node group and the all-ranks group."""
+    import subprocess
+    import sys
+
+    from trainbench.launch.local import free_port
+    from trainbench.probe.request import ProbeRequest, plan_probe
+    monkeypatch.setenv("TRAINBENCH_CONFIG", str(tmp_path / "none.yaml"))
+    plan = plan_probe(ProbeRequest(scale=2, gpu="cpu", nodes=2, executor="slurm",
+                                   root=tmp_path, max_size="2K", environ={})).plan
+    assert (plan["nodes"], plan["ranks_per_node"]) == (2, 1)
+    # Neither the copy nor the GEMMs are what this test is about: kept small.
+    plan.update(memory_bytes=16 * P.MIB, dtypes=["fp32"], gemm_shapes=plan["gemm_shapes"][:1])
+    (tmp_path / P.PLAN_FILE).write_text(json.dumps(plan))
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop(P.SLOW_RANK_ENV, None)
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=2",
+         f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+         "--rdzv-id=probe-test", "--max-restarts=0", "-m", "trainbench.probe.worker",
+         str(tmp_path / P.PLAN_FILE)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    outputs = [a.communicate(timeout=300)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(outputs)[-3000:]
+    prof = json.loads((tmp_path / P.PROFILE_FILE).read_text())
+    assert prof["machine"]["nodes"] == 2
+    assert [(r["rank"], r["node"], r["local_rank"]) for r in prof["ranks"]] == [(0, 0, 0),
+                                                                                 (1, 1, 0)]
+    # One rank per node: no node group has two members; the two groups that remain.
+    assert [(c["group"], c["group_kind"], c["op"]) for c in prof["collectives"]] == [
+        *(("local index 0 across nodes", "cross-node", op) for op in P.COLLECTIVES),
+        *(("all ranks", "world", op) for op in P.COLLECTIVES)]
