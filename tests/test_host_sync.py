@@ -165,9 +165,15 @@ def test_a_training_step_reads_nothing_on_the_host(one_rank, workload):
     assert math.isfinite(metrics.grad_norm) and metrics.grad_norm > 0
 
 
-def test_a_bf16_step_with_activation_recompute_reads_nothing_on_the_host(one_rank):
-    """Autocast and checkpointed blocks (recomputed inside the backward) add no read."""
+def test_a_bf16_step_with_recompute_and_a_chunked_loss_reads_nothing_on_the_host(
+        one_rank, monkeypatch):
+    """Autocast, checkpointed blocks (recomputed inside the backward) and the chunked
+    loss (a budget of 64 tokens' logits: 4 checkpointed chunks per microbatch) add no
+    read."""
+    import trainbench.engine.loss as loss_mod
+    monkeypatch.setattr(loss_mod, "CHUNK_ELEMENTS", 64 * 512)
     trainer = one_rank("pretrain_llama3.1", "bf16", recompute="full")
+    assert trainer.plan.mbs * trainer.plan.seq_len == 4 * 64
     reads, loss_sum, _ = _step_reads(trainer, 0)
     assert reads == [], "\n".join(reads)
     assert torch.isfinite(loss_sum)

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from .. import flops as flops_mod
 from ..launch.experiment import METRICS_FILE, RUN_FILE, log_file_name
@@ -28,6 +27,7 @@ from ..metrics import default_window
 from ..plan import FP8_DTYPES, Plan
 from . import data
 from .log import StepMetrics, format_step_line
+from .loss import cross_entropy
 from .optim import build_optimizer, lr_at
 from .parallel import clip_grad_norm_
 from .parallel.mesh import ParallelDims
@@ -342,7 +342,9 @@ class Trainer:
         return batches
 
     def loss_fn(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1))
+        # In chunks, each upcast to fp32 only inside its checkpointed loss (loss.py): the
+        # full fp32 logits of a 128k vocabulary would cost more memory than the model.
+        return cross_entropy(logits, labels)
 
     def parallel_summary(self) -> dict:
         """The layout this run really uses, for run.json."""
