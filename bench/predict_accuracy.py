@@ -12,8 +12,10 @@
      nothing is left to fit on: reported as not computable, and the held-out rows below
      are the GPU-type-out check);
    - held-out: the published B200 / GB200 rows of catalog.heldout (other GPU types and
-     later NeMo releases), predicted with the constants fitted on all seed cells; nothing
-     is fitted on them. Each row's error and the mean.
+     later NeMo releases), predicted with the constants fitted on all seed cells, their
+     GEMM efficiencies carried to the row's GPU by catalog.measured's measured GEMM
+     figures (constants.transfer_constants, as `predict` does); nothing is fitted on them.
+     Each row's error and the mean.
 
     .venv/bin/python bench/predict_accuracy.py [--format table|json] [--no-config] [--quick]
 
@@ -33,7 +35,7 @@ from trainbench.catalog.references import REFERENCES
 from trainbench.catalog.heldout import HELD_OUT, HeldOutRow
 from trainbench.plan import build_plan
 from trainbench.predict import calibrate
-from trainbench.predict.constants import Constants, default_constants
+from trainbench.predict.constants import Constants, default_constants, transfer_constants
 from trainbench.predict.perf import predict_step
 
 # The published runs shard with Megatron's distributed optimizer, or Megatron FSDP where a
@@ -125,18 +127,49 @@ def heldout_plan(row: HeldOutRow):
                                      gbs=row.gbs, seq_len=row.seq_len))
 
 
-def predict_heldout(constants: Constants) -> list[dict]:
-    """Each held-out row predicted with the given (seed-fitted) constants."""
+def predict_heldout(constants: Constants, measured_gemm: bool = True) -> list[dict]:
+    """Each held-out row predicted with the given (H100 seed-fitted) constants, carried to
+    the row's GPU type by the measured GEMM figures of catalog.measured (what `predict`
+    does for that type), or with the H100 fractions of peak as they are."""
     out = []
     for row in HELD_OUT:
         plan = heldout_plan(row)
+        c = transfer_constants(constants, row.gpu_type)[0] if measured_gemm else constants
         pred = predict_step(plan, sharding="fsdp" if row.fsdp else "distributed_optimizer",
-                            constants=constants)
+                            constants=c)
         out.append({"row": row.key, "source": row.source, "measured_s": row.step_time_s,
                     "predicted_s": pred.step_time_s,
                     "error_pct": 100 * (pred.step_time_s / row.step_time_s - 1),
                     "compute_share": pred.shares["compute"],
                     "gemm_share": pred.compute_breakdown["gemm"] / pred.step_time_s})
+    return out
+
+
+def heldout_diagnostics(constants: Constants) -> dict[str, float]:
+    """What dominates the held-out error: the mean |error| again with one kind of
+    non-GEMM work charged at its H100 speed instead of scaled by the spec sheet (flash
+    attention and the scan by the BF16 peak, memory-bound kernels by the HBM bandwidth).
+    A diagnosis, not a fit: no figure here feeds a prediction."""
+    from dataclasses import replace
+
+    from trainbench.catalog import hardware
+    h100 = hardware.GPUS["h100"]
+    out = {}
+    for label in ("attention at H100 speed", "memory-bound kernels at H100 speed"):
+        errors = []
+        for row in HELD_OUT:
+            gpu = hardware.GPUS[row.gpu_type]
+            c = transfer_constants(constants, row.gpu_type)[0]
+            if label.startswith("attention"):
+                slow = h100.peak("bf16") / gpu.peak("bf16")
+                c = replace(c, attn_eff=c.attn_eff * slow, scan_eff=c.scan_eff * slow)
+            else:
+                c = replace(c, hbm_eff=c.hbm_eff * h100.hbm_tbs / gpu.hbm_tbs)
+            pred = predict_step(heldout_plan(row),
+                                sharding="fsdp" if row.fsdp else "distributed_optimizer",
+                                constants=c)
+            errors.append(pred.step_time_s / row.step_time_s - 1)
+        out[label] = _mean_abs_pct(errors)
     return out
 
 
@@ -170,6 +203,7 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
                                 "the GPU-type-out check"}
     held_rows = predict_heldout(full)
     default_rows = predict_heldout(default_constants("h100"))
+    unscaled_rows = predict_heldout(full, measured_gemm=False)
     return {
         "in_sample": {"cells": len(runs), "mean_abs_error_pct": _mean_abs_pct(in_sample)},
         "leave_one_workload_out": {"cells": len(lowo), "mean_abs_error_pct": _mean_abs_pct(lowo),
@@ -179,7 +213,10 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
                      statistics.fmean(abs(r["error_pct"]) for r in held_rows),
                      "mean_signed_error_pct": statistics.fmean(r["error_pct"] for r in held_rows),
                      "mean_abs_error_pct_default_constants":
-                     statistics.fmean(abs(r["error_pct"]) for r in default_rows)},
+                     statistics.fmean(abs(r["error_pct"]) for r in default_rows),
+                     "mean_abs_error_pct_without_measured_gemm":
+                     statistics.fmean(abs(r["error_pct"]) for r in unscaled_rows),
+                     "diagnostics_mean_abs_error_pct": heldout_diagnostics(full)},
         "fitted_constants": full.to_dict(),
         "sweeps": sweeps,
     }
@@ -202,7 +239,10 @@ def print_splits(acc: dict) -> None:
     print(f"  held-out (published B200/GB200 rows, nothing fitted on them): "
           f"{len(held['rows'])} rows  mean |error| {held['mean_abs_error_pct']:.1f}% "
           f"(signed {held['mean_signed_error_pct']:+.1f}%; default constants "
-          f"{held['mean_abs_error_pct_default_constants']:.1f}%)")
+          f"{held['mean_abs_error_pct_default_constants']:.1f}%; H100 GEMM fractions "
+          f"without the measured GEMM figures {held['mean_abs_error_pct_without_measured_gemm']:.1f}%)")
+    print("    diagnosis, not a fit: " + "; ".join(
+        f"with {k} {v:.1f}%" for k, v in held["diagnostics_mean_abs_error_pct"].items()))
     for r in held["rows"]:
         print(f"    {r['row']:74} {r['measured_s']:7.3f} s  predicted {r['predicted_s']:7.3f} s"
               f"  {r['error_pct']:+6.1f}%  (GEMMs {100 * r['gemm_share']:.0f}% of the step)")

@@ -111,12 +111,24 @@ def test_non_seed_gpu_uses_measured_figures_with_their_source():
         "network_gbs"]
     h200 = measured.measured_for("h200")
     assert h200.intra_node_busbw_gbs.value == 370.0 and h200.intra_node_busbw_gbs.source
-    # No public GEMM figure could be cited: None, a reason, and predict says it assumes.
-    assert h200.gemm_tflops["bf16"].value is None and h200.gemm_tflops["bf16"].reason
-    assert figures["gemm_eff_bf16"].startswith("assumed:")
+    assert figures["gemm_eff_bf16"].startswith("measured:") and "ml-engineering" in figures[
+        "gemm_eff_bf16"]
     b200_plan = build_plan("pretrain_llama3.1", "8b", "fp8", 8, "b200")
-    _, b200 = hp.predict_with_profile(b200_plan, None, config={})
+    b200_pred, b200 = hp.predict_with_profile(b200_plan, None, config={})
     assert b200["intra_node_busbw_gbs"].startswith("assumed:")
+    # The MAMF table's B200 and H100 rows (1745.0 of 2250, 794.5 of 989 BF16 TFLOPS; 3432.5
+    # of 4500, 1402.6 of 1979 FP8) scale the H100-fitted efficiency, per dtype.
+    h100 = default_constants("h100")
+    assert b200_pred.constants["gemm_eff_bf16"] == pytest.approx(
+        h100.gemm_eff_bf16 * (1745.0 / 2250) / (794.5 / 989))
+    assert b200_pred.constants["gemm_eff_fp8"] == pytest.approx(
+        h100.gemm_eff_fp8 * (3432.5 / 4500) / (1402.6 / 1979))
+    # No public GEMM figure for GB300: None with a reason, and predict says it assumes.
+    gb300 = measured.measured_for("gb300")
+    assert gb300.gemm_tflops["bf16"].value is None and gb300.gemm_tflops["bf16"].reason
+    _, gb300_fig = hp.predict_with_profile(
+        build_plan("pretrain_llama3.1", "8b", "bf16", 8, "gb300"), None, config={})
+    assert gb300_fig["gemm_eff_bf16"].startswith("assumed:")
     for entry in measured.MEASURED.values():
         for fig in (*entry.gemm_tflops.values(), entry.intra_node_busbw_gbs, entry.network_gbs,
                     entry.collective_latency_us):

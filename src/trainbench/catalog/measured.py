@@ -11,18 +11,34 @@ probe` (predict --hardware) replaces all of these with the user's own measuremen
 
 Sources
 -------
+MAMF
+    stas00/ml-engineering, compute/accelerator/README.md (commit 744d01e, 2026-08-22),
+    "Maximum Achievable Matmul FLOPS comparison table": the best mean TFLOPS of torch
+    `matmul` over a brute-force search of large shapes (mamf-finder.py), BF16 and FP8
+    (float8_e4m3fn) tables. Rows used: H100 SXM 794.5 / 1402.6 ("H200 is the same" for
+    BF16), H200 SXM FP8 1453.4, B200 SXM 1745.0 / 3432.5, B300 SXM 1769.0 / 3353.3,
+    GB200 1822.0 / 3615.6, MI300X BF16 668.4 (its FP8 row is empty). No GB300 row.
+NCCL_H100
+    NVIDIA/dgxc-benchmarking, nccl/README.md (HEAD 841f546), "View sample output
+    (AllReduce excerpt)": nccl-tests all_reduce_perf on 8 x H100 80GB HBM3 in one node,
+    float sum, out-of-place busbw 361.67 GB/s at 64 MiB, 400.53 at 128 MiB, 466.33 at
+    1 GiB, 480.16 at 8 GiB; 13-17 us from 8 B to 2 KiB.
 REF_HW
     ../shared/reference/hardware.md (the project's reference facts), "Collectives on a
     DGX H100 (nccl-tests bus bandwidth)": all-reduce inside a node about 370 GB/s (ring),
     480 GB/s with NVLink SHARP at 1 GB and more; across nodes about 45 GB/s per 400 Gb/s
     NIC; about 10-20 us latency per collective; 1 MB messages reach about 67 GB/s.
 
-Searched without a citable number (this session: NVIDIA NeMo / Megatron-Bridge
-performance pages, the NVIDIA/dgxc-benchmarking repository and its history, AMD's ROCm
+Searched without a citable number for the remaining entries: NVIDIA NeMo /
+Megatron-Bridge performance pages, NVIDIA/dgxc-benchmarking and its history, AMD's ROCm
 blog "Measuring Max-Achievable FLOPs - Part 2", arXiv 2512.02189 "Microbenchmarking
-NVIDIA's Blackwell Architecture"): the pages were found but the excerpts available here did
-not include their result tables, so no figure from them is stored. Issue #18 quotes about
-795 of 989 TFLOPS for H100 BF16 GEMMs without a source; it is not stored either.
+NVIDIA's Blackwell Architecture" (result tables not readable here), no nccl-tests
+results for B200, B300, GB200, GB300 or MI300X systems.
+
+The model uses a measured GEMM figure as a ratio to H100's (predict/constants.py,
+transfer_constants): the H100 efficiencies are fitted to the seeds' step times, and
+another GPU's are those times its measured-over-peak GEMM efficiency divided by the
+H100's, per dtype.
 """
 
 from __future__ import annotations
@@ -30,6 +46,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REF_HW = "../shared/reference/hardware.md, 'Collectives on a DGX H100 (nccl-tests bus bandwidth)'"
+MAMF = ("stas00/ml-engineering compute/accelerator/README.md @744d01e, 'Maximum Achievable "
+        "Matmul FLOPS comparison table'")
+NCCL_H100 = ("NVIDIA/dgxc-benchmarking nccl/README.md @841f546, all_reduce_perf sample on "
+             "8 x H100 80GB HBM3")
 
 _NO_GEMM = ("no public sustained dense-GEMM figure with a readable table was found "
             "(searched NVIDIA performance pages, dgxc-benchmarking, AMD ROCm MAF blog, arXiv "
@@ -76,6 +96,15 @@ def _gemm_unknown(*dtypes: str) -> dict[str, Figure]:
     return {d: Figure(None, "TFLOPS", reason=_NO_GEMM) for d in dtypes}
 
 
+def _mamf(bf16: float | None, fp8: float | None, note: str = "") -> dict[str, Figure]:
+    out = {}
+    for dtype, value in (("bf16", bf16), ("fp8", fp8)):
+        out[dtype] = (Figure(value, "TFLOPS", MAMF, note) if value is not None else
+                      Figure(None, "TFLOPS", reason="the MAMF table's row for it is empty; "
+                             + _NO_GEMM))
+    return out
+
+
 def _links_unknown() -> dict:
     return dict(intra_node_busbw_gbs=Figure(None, "GB/s", reason=_NO_LINK),
                 network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
@@ -83,24 +112,29 @@ def _links_unknown() -> dict:
 
 
 _H100_LINKS = dict(
-    # Ring all-reduce, the algorithm NCCL uses for the bucket sizes of a training step;
-    # NVLS (480 GB/s) needs NVLink SHARP and messages of 1 GB or more.
-    intra_node_busbw_gbs=Figure(370.0, "GB/s", REF_HW),
+    # The model charges one bus bandwidth per collective; the buckets and TP messages of a
+    # training step are tens of MiB, where the sample measures 362 GB/s (64 MiB) and the
+    # reference about 370 (ring). 466-480 GB/s needs 1 GiB and more (NVLS).
+    intra_node_busbw_gbs=Figure(370.0, "GB/s", REF_HW + "; " + NCCL_H100,
+                                "361.67 GB/s at 64 MiB in the nccl-tests sample"),
     network_gbs=Figure(45.0, "GB/s", REF_HW),
-    # The middle of the 10-20 us range the reference gives.
-    collective_latency_us=Figure(15.0, "us", REF_HW),
+    # 13-17 us for small all-reduces in the sample; the reference gives 10-20 us.
+    collective_latency_us=Figure(15.0, "us", REF_HW + "; " + NCCL_H100),
 )
 
 MEASURED: dict[str, MeasuredGPU] = {
-    "h100": MeasuredGPU("h100", _gemm_unknown("bf16", "fp8"), **_H100_LINKS),
-    "h200": MeasuredGPU("h200", _gemm_unknown("bf16", "fp8"),
+    "h100": MeasuredGPU("h100", _mamf(794.5, 1402.6), **_H100_LINKS),
+    "h200": MeasuredGPU("h200", _mamf(794.5, 1453.4, "BF16: the table's H100 row, noted "
+                                      "'H200 is the same'"),
                         **{k: Figure(f.value, f.unit, f.source, _SAME_AS_H100)
                            for k, f in _H100_LINKS.items()}),
-    "b200": MeasuredGPU("b200", _gemm_unknown("bf16", "fp8"), **_links_unknown()),
-    "b300": MeasuredGPU("b300", _gemm_unknown("bf16", "fp8"), **_links_unknown()),
-    "gb200": MeasuredGPU("gb200", _gemm_unknown("bf16", "fp8"), **_links_unknown()),
+    "b200": MeasuredGPU("b200", _mamf(1745.0, 3432.5), **_links_unknown()),
+    "b300": MeasuredGPU("b300", _mamf(1769.0, 3353.3), **_links_unknown()),
+    # The table's GB200 'Theory' is 2500 / 5000; the efficiency here is against the
+    # catalog's 2450 / 4900 (catalog.hardware), the peak predict divides by.
+    "gb200": MeasuredGPU("gb200", _mamf(1822.0, 3615.6), **_links_unknown()),
     "gb300": MeasuredGPU("gb300", _gemm_unknown("bf16", "fp8"), **_links_unknown()),
-    "mi300x": MeasuredGPU("mi300x", _gemm_unknown("bf16", "fp8"), **_links_unknown()),
+    "mi300x": MeasuredGPU("mi300x", _mamf(668.4, None), **_links_unknown()),
 }
 
 LINK_FIELDS = ("intra_node_busbw_gbs", "network_gbs", "collective_latency_us")

@@ -94,8 +94,50 @@ DEFAULTS: dict[str, Constants] = {
 }
 
 
+# The GPU type the default efficiencies were fitted on (the seeds' cells).
+FITTED_ON = "h100"
+
+
 def default_constants(gpu_type: str) -> Constants:
-    return DEFAULTS.get(gpu_type.lower(), Constants())
+    """The defaults of a GPU type: the H100-fitted set, its GEMM efficiencies carried to
+    another type by the measured GEMM figures of catalog.measured (transfer_constants)."""
+    base = DEFAULTS.get(gpu_type.lower(), Constants())
+    return transfer_constants(base, gpu_type)[0]
+
+
+def transfer_constants(c: Constants, gpu_type: str, from_type: str = FITTED_ON
+                       ) -> tuple[Constants, dict[str, str]]:
+    """Constants fitted on `from_type` carried to `gpu_type`, with where each GEMM
+    efficiency came from.
+
+    gemm_eff is what a training step's GEMMs reach as a fraction of the peak; the public
+    figure is the best large-matmul rate (catalog.measured). The step's share of that best
+    rate is taken to be the same on both types, so per dtype
+    eff(gpu) = eff(from) * (measured(gpu) / peak(gpu)) / (measured(from) / peak(from)).
+    Where either figure is missing the fraction stays the fitted one, labelled assumed."""
+    from ..catalog import hardware, measured
+    gpu_type, from_type = gpu_type.lower(), from_type.lower()
+    if gpu_type == from_type or gpu_type not in hardware.GPUS:
+        return c, {}
+    to_fig, from_fig = measured.measured_for(gpu_type), measured.measured_for(from_type)
+    values, labels = {}, {}
+    for dtype in ("bf16", "fp8"):
+        name = f"gemm_eff_{dtype}"
+        a = to_fig.gemm_tflops.get(dtype) if to_fig else None
+        b = from_fig.gemm_tflops.get(dtype) if from_fig else None
+        peak_to = hardware.GPUS[gpu_type].peak(dtype)
+        peak_from = hardware.GPUS[from_type].peak(dtype)
+        if a is None or b is None or not (a.known and b.known and peak_to and peak_from):
+            why = a.reason if a is not None and not a.known else "no measured figure"
+            labels[name] = (f"assumed: the {from_type.upper()}-fitted fraction of peak applied "
+                            f"to this GPU's peak ({why})")
+            continue
+        ratio = (a.value / peak_to) / (b.value / peak_from)
+        values[name] = getattr(c, name) * ratio
+        labels[name] = (f"measured: {a.value:g} of {peak_to:g} TFLOPS ({a.source}) against "
+                        f"{from_type.upper()}'s {b.value:g} of {peak_from:g}: the "
+                        f"{from_type.upper()}-fitted {getattr(c, name):.3g} x {ratio:.3f}")
+    return replace(c, **values), labels
 
 
 def calibrated_values(config: dict, gpu_type: str) -> dict:

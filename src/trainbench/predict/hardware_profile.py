@@ -185,22 +185,13 @@ def _default_label(device: Device) -> str:
 
 def gemm_labels(gpu_type: str, calibrated: bool) -> dict[str, str]:
     """Where the GEMM efficiencies come from without a profile."""
-    from ..catalog import measured
-    from .constants import DEFAULTS
+    from .constants import DEFAULTS, FITTED_ON, transfer_constants
     if calibrated:
         return {f"gemm_eff_{d}": "calibrated: cluster config 'calibration'" for d in ("bf16", "fp8")}
-    entry = measured.measured_for(gpu_type)
-    out = {}
-    for d in ("bf16", "fp8"):
-        fig = entry.gemm_tflops.get(d) if entry else None
-        base = ("fitted to the seeds' H100 step times (bench/predict_accuracy.py)"
-                if gpu_type == "h100" else
-                "assumed: the H100-fitted fraction of peak applied to this GPU's peak")
-        if gpu_type not in DEFAULTS and gpu_type != "h100":
-            base += " (no constants of its own)"
-        out[f"gemm_eff_{d}"] = base + (f"; {fig.reason}" if fig is not None and not fig.known
-                                       else "")
-    return out
+    if gpu_type == FITTED_ON:
+        return {f"gemm_eff_{d}": "fitted to the seeds' H100 step times (bench/predict_accuracy.py)"
+                for d in ("bf16", "fp8")}
+    return transfer_constants(DEFAULTS.get(gpu_type, DEFAULTS[FITTED_ON]), gpu_type)[1]
 
 
 def predict_with_profile(plan, facts: HardwareFacts | None, *, sharding: str = "engine",
