@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test_host_sync import one_rank  # noqa: F401 - the one-rank trainer fixture
 from trainbench.engine.loss import CHUNK_ELEMENTS, chunk_tokens, cross_entropy
 
 
@@ -64,3 +65,64 @@ def test_chunk_size_follows_the_vocabulary():
     assert per * 128256 <= CHUNK_ELEMENTS < (per + 1) * 128256
     assert -(-8192 // per) == 8
     assert chunk_tokens(512) >= 4 * 128  # the tiny rows' MBS x seq: one chunk, plain loss
+
+
+# --- AdamW: fused on CUDA, foreach elsewhere ---------------------------------------------
+
+def _tiny_model(device: str) -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    for module in model:
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, torch.nn.Parameter(torch.randn_like(param, device=device)))
+    return model
+
+
+def test_adamw_is_fused_when_the_parameters_are_on_cuda():
+    """No GPU here: fake CUDA parameters (FakeTensorMode) reach the same constructor."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainbench.engine.optim import build_optimizer, describe
+    with FakeTensorMode():
+        model = _tiny_model("cuda")
+        assert next(model.parameters()).device.type == "cuda"
+        opt = build_optimizer(model, 1e-3)
+    assert opt.defaults["fused"] is True and not opt.defaults["foreach"]
+    assert describe(opt)["implementation"] == "fused"
+
+
+def test_adamw_is_foreach_on_the_cpu_and_trains():
+    from trainbench.engine.optim import build_optimizer, describe
+    model = _tiny_model("cpu")
+    opt = build_optimizer(model, 1e-2)
+    info = describe(opt)
+    assert info["implementation"] == "foreach" and not opt.defaults["fused"]
+    # Weight decay: the Linear weight decays, its bias and the norm's parameters do not.
+    assert info["weight_decay"] == [0.1, 0.0] and len(opt.param_groups[0]["params"]) == 1
+    before = model[0].weight.detach().clone()
+    model(torch.ones(2, 8)).square().sum().backward()
+    opt.step()
+    assert not torch.equal(model[0].weight, before)
+
+
+# --- SDPA backend and the record in run.json ---------------------------------------------
+
+def test_sdpa_choice_on_the_cpu_is_torchs_own():
+    """On a CPU the engine sets no order: the CPU flash kernel torch picks by itself,
+    for grouped-query heads and bf16 as for plain fp32 heads."""
+    from trainbench.engine import sdpa
+    cpu = torch.device("cpu")
+    sdpa.use_engine_order("cpu")
+    assert not sdpa._held
+    assert sdpa.chosen_backend(cpu, torch.float32, 4, 4, 16, 128) == "flash (CPU, causal)"
+    assert sdpa.chosen_backend(cpu, torch.bfloat16, 8, 2, 16, 4096) == "flash (CPU, causal)"
+    assert "lower-right causal" in sdpa.chosen_backend(cpu, torch.float32, 4, 4, 16, 128, cp=2)
+
+
+def test_run_json_records_the_kernels(one_rank):
+    import json
+    trainer = one_rank("pretrain_llama3.1")
+    info = json.loads((trainer.exp_dir / "run.json").read_text())
+    assert info["optimizer"]["name"] == "AdamW"
+    assert info["optimizer"]["implementation"] == "foreach"
+    assert info["sdpa_backend"] == "flash (CPU, causal)"
+    assert info["loss"] == "cross-entropy, fp32 logits (one chunk)"

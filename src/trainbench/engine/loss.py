@@ -54,3 +54,14 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
     for part, part_labels in zip(flat.split(per_chunk), targets.split(per_chunk)):
         total = total + checkpoint(_chunk_loss_sum, part, part_labels, use_reentrant=False)
     return total / targets.numel()
+
+
+def describe(vocab: int, tokens_per_microbatch: int, tensor_parallel: bool) -> str:
+    """The loss as run.json records it."""
+    if tensor_parallel:
+        return "vocab-parallel cross-entropy (loss_parallel, logits sharded over TP)"
+    per = chunk_tokens(vocab)
+    if tokens_per_microbatch <= per:
+        return "cross-entropy, fp32 logits (one chunk)"
+    return (f"chunked cross-entropy: {-(-tokens_per_microbatch // per)} checkpointed chunks "
+            f"of {per} tokens, fp32 inside each")

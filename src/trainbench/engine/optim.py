@@ -20,7 +20,26 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1) -> t
             decay.append(param)
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+    kind = implementation(decay + no_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8,
+                             **{kind: True})
+
+
+def implementation(params: list[torch.Tensor]) -> str:
+    """'fused' when every parameter is on CUDA: one kernel per dtype/device group updates
+    all parameters (torchtitan's default), against a few kernels per step of the whole
+    optimizer for 'foreach' and one per parameter for neither. 'foreach' elsewhere
+    (the CPU): torch's fused CPU AdamW is not what the seed recipes run, and foreach is
+    the tested path here. DTensor parameters (FSDP2, TP) report their local device."""
+    return "fused" if params and all(p.device.type == "cuda" for p in params) else "foreach"
+
+
+def describe(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer as run.json records it."""
+    d = optimizer.defaults
+    kind = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"
+    return {"name": type(optimizer).__name__, "implementation": kind, "betas": list(d["betas"]),
+            "eps": d["eps"], "weight_decay": [g["weight_decay"] for g in optimizer.param_groups]}
 
 
 def lr_at(step: int, max_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:

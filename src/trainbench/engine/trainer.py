@@ -29,6 +29,7 @@ from . import data
 from .log import StepMetrics, format_step_line
 from .loss import cross_entropy
 from .optim import build_optimizer, lr_at
+from .optim import describe as describe_optimizer
 from .parallel import clip_grad_norm_
 from .parallel.mesh import ParallelDims
 
@@ -147,6 +148,7 @@ class Trainer:
 
     def setup(self) -> None:
         self.init_distributed()
+        self.select_kernels()
         torch.manual_seed(self.plan.seed)
         self.build_model()
         self.optimizer = build_optimizer(self.model, self.plan.lr)
@@ -186,6 +188,17 @@ class Trainer:
             if self.mfu_not_applicable:
                 self.log(f"trainbench: {self.mfu_not_applicable}")
         self.setup_features()
+
+    def select_kernels(self) -> None:
+        """The SDPA order on CUDA (sdpa.py) and the kernels run.json records."""
+        from . import loss, sdpa
+        sdpa.use_engine_order(self.device.type)
+        spec, lay = self.plan.model, self.plan.layout
+        self.sdpa_backend = sdpa.chosen_backend(
+            self.device, self.compute_dtype, max(1, spec.heads // lay.tp),
+            max(1, spec.kv_heads // lay.tp), spec.head_dim, self.plan.seq_len, lay.cp)
+        self.loss_kind = loss.describe(spec.vocab_size, self.plan.mbs * self.plan.seq_len
+                                       // lay.cp, lay.tp > 1)
 
     def setup_features(self) -> None:
         """Checkpointing (and the load that sets the first iteration), then tracing."""
@@ -303,6 +316,9 @@ class Trainer:
             "start_time": time.time(),
             "flops_per_sequence": self.flops_per_seq,
             "flops_convention": "published",
+            "optimizer": describe_optimizer(self.optimizer),
+            "sdpa_backend": self.sdpa_backend,
+            "loss": self.loss_kind,
             # Profiled or traced timings are not valid for performance comparison.
             "profiled": bool(self.plan.features.profile),
             "nccl_traced": bool(self.plan.features.nccl_trace),
