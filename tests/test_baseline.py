@@ -156,6 +156,21 @@ def test_results_table_shows_repeats_only_when_a_plan_has_several(tmp_path):
     assert "n=3/3" in res.stdout and repeats.INCONCLUSIVE in res.stdout
 
 
+def test_reference_mode_against_the_published_table(tmp_path):
+    # The NeMo 2 8B log runs 84,583 tokens/s against the seed's 85,459: 99.0%.
+    _scaled_copy(tmp_path / "as_logged" / "run0", 1.0)
+    res = invoke("results", tmp_path / "as_logged", "--reference")
+    assert res.exit_code == 0, res.output
+    assert "PASS" in res.stdout and "99.0% of the reference's 85,459 tokens/s" in res.stdout
+    # 10% longer steps: 84,583 / 1.1 / 85,459 = 90.0%, under the 95% a certification asks.
+    _scaled_copy(tmp_path / "slow" / "run0", 1.1)
+    res = invoke("results", tmp_path / "slow", "--reference")
+    assert res.exit_code == 1, res.output
+    assert "FAIL" in res.stdout and "90.0% of the reference's" in res.stdout
+    assert invoke("results", tmp_path / "slow", "--reference", "--tolerance", "11"
+                  ).exit_code == 0
+
+
 # --- three real tiny runs from one bulk sweep -------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -318,6 +318,10 @@ def check_inputs(baseline: list[Path] | None, save_path: Path | None, tolerance_
             _fail(f"--save-baseline {save_path}: {save_path.parent} does not exist")
     if not baseline:
         return None
+    for path in baseline:
+        if not path.exists():
+            _fail(f"--baseline {path} does not exist; give a file written by `trainbench "
+                  "results ... --save-baseline FILE` or earlier experiment directories")
     files = [p for p in baseline if not p.is_dir()]
     if files and len(baseline) > 1:
         _fail("--baseline takes one baseline file, or one or more experiment directories, "

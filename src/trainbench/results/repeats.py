@@ -135,9 +135,9 @@ def key_id(key: dict) -> str:
 
 def plan_label(key: dict) -> str:
     """A readable name of a plan; the id tells apart plans that differ elsewhere."""
-    parts = [str(key.get("workload") or "?").replace("pretrain_", ""), str(key.get("size")
-                                                                               or "?"),
-             str(key.get("dtype") or "?"), f"{key.get('gpus') or '?'}x{key.get('gpu_type') or '?'}"]
+    parts = [str(key.get("workload") or "?").replace("pretrain_", ""),
+             str(key.get("size") or "?"), str(key.get("dtype") or "?"),
+             f"{key.get('gpus') or '?'}x{key.get('gpu_type') or '?'}"]
     layout = key.get("layout")
     if isinstance(layout, dict):
         parts.append("TP{tp} PP{pp} CP{cp} DP{dp}".format(**{k: layout.get(k, "?") for k in
