@@ -153,13 +153,16 @@ def test_leave_one_workload_out_refits_without_the_group():
     assert abs(full.scan_eff / default - 1) > 0.05
 
 
-def test_held_out_rows_are_other_gpus_with_sources_and_never_fitted():
+def test_held_out_rows_are_not_seed_cells_have_sources_and_are_predicted():
+    from trainbench.catalog.references import REFERENCES
     bench = _bench()
-    seeds = bench.seed_runs()
-    seed_gpus = {r.plan.gpu_type for r in seeds}
-    assert heldout.HELD_OUT
+    seed_cells = {(r.workload, r.size, r.dtype, r.gpu_type, r.gpus, r.step_time_s)
+                  for r in REFERENCES}
+    assert {r.gpu_type for r in heldout.HELD_OUT} >= {"b200", "gb200", "gb300"}
     for row in heldout.HELD_OUT:
-        assert row.gpu_type not in seed_gpus and row.source and row.step_time_s > 0
+        assert row.source and row.step_time_s > 0
+        assert (row.workload, row.size, row.dtype, row.gpu_type, row.gpus,
+                row.step_time_s) not in seed_cells
         if row.tokens_per_s_per_gpu:
             # step = GBS x seq / (tokens/s/GPU x GPUs), the tables' own definition
             assert row.step_time_s * row.tokens_per_s_per_gpu * row.gpus == pytest.approx(

@@ -32,6 +32,24 @@ DGXC_2509_GB200_405B
     9.347" (the MFU line beside it divides by 9.473; the stated step time is used), with the
     GB200 layout table of the same file (128 GPUs: TP4 PP8 CP2 VP8 MBS1 GBS64 GA32).
 
+MB_2511
+    NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary.md at commit 5776a6d (2025-12-10),
+    "25.11 NeMo Container", pre-training tables for DGX-GB300, DGX-GB200, DGX-B200 and
+    DGX-H100; rows LLAMA3_8B, LLAMA3_70B, LLAMA3.1_405B in precision FP8-CS (per-tensor
+    current scaling: trainbench's fp8), first figure of each cell.
+MB_260401
+    Same file at commit 21d102f (2026-05-27), "26.04.01 NeMo Container", per-model
+    tables LLAMA3_70B and LLAMA3.1_405B, rows of precision FP8 (MXFP8 and NVFP4 rows
+    skipped: the FP8 recipe's layout is not theirs). "FSDP 64" there is FSDP over all 64
+    GPUs.
+NEMO_2407_H100
+    NVIDIA/NeMo, docs/source/performance/performance_summary.md at commit 070a0bb,
+    "Pretraining", Container NeMo 24.07, System DGX-H100 (FP8): rows LLAMA3-8B,
+    LLAMA3-70B, Nemotron-340B. An earlier release than the seeds, on the seeds' GPU type,
+    with other layouts (CP2 for Llama 3). Its LLAMA2-70B row is left out: the table does
+    not say whether NeMo recomputed activations, and trainbench's only Llama 2 recipe
+    (MaxText's) recomputes fully, so the row's configuration cannot be stated.
+
 NeMo's LLAMA3 rows are Llama 3 models; trainbench's pretrain_llama3.1 8B / 70B / 405B have
 the same layers, widths and vocabulary (3.1 changed RoPE scaling and the training context,
 not the shapes a pretraining step at seq 8192 runs).
@@ -50,6 +68,12 @@ NEMO_2504_GB200 = ("NeMo 25.04 Performance Summary, DGX-GB200 pre-training table
 NEMO_2507_GB200 = ("NeMo 25.07 Performance Summary, DGX-GB200 pre-training table, first "
                    "figure of each cell (docs.nvidia.com/nemo-framework/user-guide/latest/"
                    "performance/performance-summary.html)")
+MB_2511 = ("Megatron-Bridge docs/performance-summary.md @5776a6d, 25.11 NeMo Container "
+           "pre-training tables, FP8-CS rows")
+MB_260401 = ("Megatron-Bridge docs/performance-summary.md @21d102f, 26.04.01 NeMo Container, "
+             "FP8 rows")
+NEMO_2407_H100 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md @070a0bb, NeMo "
+                  "24.07 DGX-H100 pre-training table (FP8)")
 DGXC_2509_GB200_405B = ("NVIDIA/dgxc-benchmarking llama3.1/README.md @07d4a4a, MFU example "
                         "('training step time = 9.347') and its GB200 layout table")
 
@@ -125,4 +149,39 @@ HELD_OUT: list[HeldOutRow] = [
                  NEMO_2507_GB200),
     HeldOutRow(_L, "405b", "bf16", "gb200", 128, 8192, 4, 8, 2, 8, 1, 64, False, 9.347, None,
                DGXC_2509_GB200_405B),
+    # Megatron-Bridge 25.11
+    _from_tokens(_L, "8b", "fp8", "gb300", 8, 8192, 1, 1, 1, 1, 2, 128, False, 37556, MB_2511),
+    _from_tokens(_L, "70b", "fp8", "gb300", 64, 8192, 1, 1, 1, 1, 2, 256, True, 4520, MB_2511),
+    _from_tokens(_L, "405b", "fp8", "gb300", 256, 8192, 2, 8, 2, 4, 1, 1536, False, 999,
+                 MB_2511),
+    _from_tokens(_L, "8b", "fp8", "gb200", 8, 8192, 1, 1, 1, 1, 2, 128, False, 31508, MB_2511),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 2, 256, True, 4312, MB_2511),
+    _from_tokens(_L, "405b", "fp8", "gb200", 256, 8192, 4, 16, 1, 4, 1, 1536, False, 813,
+                 MB_2511),
+    _from_tokens(_L, "8b", "fp8", "b200", 8, 8192, 1, 1, 1, 1, 2, 128, False, 30624, MB_2511),
+    _from_tokens(_L, "405b", "fp8", "b200", 128, 8192, 4, 8, 2, 8, 1, 64, False, 661, MB_2511),
+    _from_tokens(_L, "8b", "fp8", "h100", 8, 8192, 1, 1, 1, 1, 1, 128, True, 14451, MB_2511),
+    _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 8, 1, 5, 1, 128, False, 1602, MB_2511),
+    _from_tokens(_L, "405b", "fp8", "h100", 1024, 8192, 8, 8, 2, 8, 1, 512, False, 292,
+                 MB_2511),
+    # Megatron-Bridge 26.04.01
+    _from_tokens(_L, "70b", "fp8", "gb300", 64, 8192, 1, 1, 1, 1, 2, 256, True, 5248,
+                 MB_260401),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 2, 256, True, 4224,
+                 MB_260401),
+    _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 8, 1, 5, 1, 256, False, 1664,
+                 MB_260401),
+    _from_tokens(_L, "405b", "fp8", "gb300", 256, 8192, 4, 8, 1, 4, 1, 1536, False, 1024,
+                 MB_260401),
+    _from_tokens(_L, "405b", "fp8", "gb200", 256, 8192, 4, 16, 1, 4, 1, 1536, False, 864,
+                 MB_260401),
+    _from_tokens(_L, "405b", "fp8", "h100", 1024, 8192, 8, 8, 2, 8, 1, 1536, False, 328,
+                 MB_260401),
+    # NeMo 24.07, H100
+    _from_tokens(_L, "8b", "fp8", "h100", 8, 8192, 1, 1, 2, 1, 1, 128, False, 12036,
+                 NEMO_2407_H100),
+    _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 4, 2, 5, 1, 128, False, 1533,
+                 NEMO_2407_H100),
+    _from_tokens(_N, "340b", "fp8", "h100", 128, 4096, 8, 8, 1, 12, 1, 32, False, 322,
+                 NEMO_2407_H100),
 ]
