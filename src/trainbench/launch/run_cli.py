@@ -235,6 +235,8 @@ def print_summary(out, r) -> None:
         row("energy per token (J)", r.energy_per_token_j, "{:.4g}")
     if r.throttled:
         row("clocks", "THROTTLED during the timed window (see the notes)")
+    if r.profiling_overhead:  # profiled steps against the window's unprofiled ones
+        row("profiling overhead", r.profiling_overhead)
     if r.ref_step_time_s is not None:
         row("reference step time (s)", r.ref_step_time_s)
         row("% of reference tokens/s", r.pct_of_ref_tokens_per_s, "{:.1f}%")

@@ -94,6 +94,11 @@ class ExperimentResult:
     throttled: bool | None = None
     """Whether clocks were throttled (power, thermal, HW slowdown) in the timed window;
     None where the machine cannot say."""
+    profiling_overhead_pct: float | None = None
+    """A profiled run's mean step time over its profiled steps in the window against its
+    unprofiled ones there, in percent (+10 = profiled steps 10% slower)."""
+    profiling_overhead: str | None = None
+    """The same in words, or why it could not be measured (no unprofiled steps to compare)."""
     verdict: str = ""
     comparable: bool = True
     """False for profiled or NCCL-traced runs: their timings are not valid for comparison."""
@@ -372,8 +377,57 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     _comparability(result, facts, scan)
     _window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
     _telemetry(result, facts)
+    _profiling_overhead(result, facts)
     _compare(result, spec, convention, tolerance_pct)
     return result
+
+
+def profiled_iterations(features: dict) -> tuple[set[int], set[int]]:
+    """(iterations a profiled run traced, iterations the profiler touched before them).
+
+    torch.profiler is prepared (its warm-up: Kineto, and CUPTI on a GPU, already
+    collecting) before the step ahead of the first traced one (engine/profiling.py), so
+    that step is neither clean nor traced; nsys has no warm-up step.
+    """
+    mode = features.get("profile")
+    if not mode:
+        return set(), set()
+    start, stop = int(features.get("profile_start", 0)), int(features.get("profile_stop", -1))
+    traced = set(range(start, stop + 1))
+    return traced, ({start - 1} if mode == "torch" and start > 0 else set())
+
+
+def _profiling_overhead(result: ExperimentResult, facts: _RunFacts) -> None:
+    """Profiling's cost measured on the run itself: its traced steps in the window against
+    its unprofiled steps there, so a profiled figure is never trusted blindly."""
+    features = (facts.plan or {}).get("features") or {}
+    traced, warmup = profiled_iterations(features)
+    if not traced or result.window is None or result.step_time_mean_s is None:
+        return
+    first, last = result.window
+    times = {r.iteration: r.step_time_s for r in result.records
+             if first <= r.iteration <= last and r.step_time_s is not None
+             and math.isfinite(r.step_time_s)}
+    profiled = [t for it, t in times.items() if it in traced]
+    clean = [t for it, t in times.items() if it not in traced and it not in warmup]
+    span = f"{min(traced)}-{max(traced)}"
+    if not profiled:
+        result.profiling_overhead = (f"not measured: the profiled iterations {span} lie "
+                                     f"outside the window {first}-{last} (pass --window)")
+    elif not clean:
+        result.profiling_overhead = (f"no unprofiled steps to compare: the window {first}-"
+                                     f"{last} holds only profiled iterations ({span})"
+                                     + (f" and the profiler's warm-up step {min(warmup)}"
+                                        if warmup else ""))
+    else:
+        mean_p, mean_c = sum(profiled) / len(profiled), sum(clean) / len(clean)
+        result.profiling_overhead_pct = 100 * (mean_p / mean_c - 1)
+        result.profiling_overhead = (
+            f"{result.profiling_overhead_pct:+.1f}%: profiled iterations {span} "
+            f"{mean_p:.4g} s/step ({len(profiled)} step(s)) vs {mean_c:.4g} s/step over the "
+            f"window's {len(clean)} unprofiled step(s)"
+            + (f" (warm-up step {min(warmup)} left out)" if warmup else ""))
+    result.notes.append(f"profiling overhead {result.profiling_overhead}")
 
 
 def _telemetry(result: ExperimentResult, facts: _RunFacts) -> None:
