@@ -1,0 +1,308 @@
+"""GPU acceptance bench: MFU of trainbench's engine on one GPU against a Hugging Face loop.
+
+A Llama 3.1 8B proxy at its real width (hidden 4096, 32 heads, 8 KV heads, FFN 14336,
+vocabulary 128,256) with 4 layers, sequence 8192, MBS 1, on one GPU: trainbench's own
+Trainer (engine model, chunked loss, fused AdamW, explicit SDPA order, FP8 through
+torchao) in bf16 and fp8, and a plain Hugging Face `LlamaForCausalLM` training loop of the
+same shape (bf16 autocast, fused AdamW, SDPA attention, HF's own loss) in the same
+process. For each it prints tokens/s, TFLOPS and MFU in both FLOPs conventions
+(trainbench.flops: 'published', the seeds' and NeMo's; 'causal', attention halved), peak
+memory, the SDPA kernel, and the top operators of one profiled step by device time; then
+the ratios the issue targets and `trainbench predict`'s figure for the same plan.
+
+Issue 19's targets on an H100: bf16 MFU >= 55% (published convention), fp8 >= 1.3x bf16
+tokens/s, trainbench bf16 >= 1.5x the HF loop.
+
+Without a GPU it runs a tiny shape (hidden 64, 2 layers, seq 128) on the CPU in seconds
+to check the bench itself, and prints no MFU.
+
+    python bench/gpu_mfu.py [--steps 10] [--warmup 3] [--dtypes bf16,fp8] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import os
+import resource
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from trainbench import flops
+from trainbench.engine import data, sdpa
+from trainbench.plan import build_plan
+
+NO_GPU = "no GPU found: tiny CPU shape, no MFU"
+PROXY = dict(layers=4, seq_len=8192, mbs=1, gbs=1, tp=1, pp=1, cp=1, dp=1)
+TINY = dict(layers=2, seq_len=128, mbs=1, gbs=1)
+TOP_OPS = 8
+
+
+def make_plan(dtype: str, cuda: bool, peak: float | None):
+    """The bench's plan: the 8B proxy on this GPU, or the tiny Llama (hidden 64) on a CPU.
+
+    On a CPU no MFU is printed, so a nominal peak skips the engine's GEMM peak
+    measurement (seconds of work for a figure nobody reads)."""
+    if not cuda:
+        return build_plan("pretrain_llama3.1", "tiny", dtype, 1, "cpu", steps=1000,
+                          overrides=dict(TINY), peak_tflops=1.0)
+    from trainbench.catalog import hardware
+    gpu = hardware.gpu_from_device_name(torch.cuda.get_device_name())
+    key = gpu.key if gpu is not None else "h100"  # an unknown GPU needs --peak-tflops
+    if gpu is None and peak is None:
+        sys.exit(f"gpu_mfu: {torch.cuda.get_device_name()} is not in the catalog; "
+                 "give its dense peak with --peak-tflops")
+    return build_plan("pretrain_llama3.1", "8b", dtype, 1, key, steps=1000,
+                      overrides=dict(PROXY), peak_tflops=peak)
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def reset_peak_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_gib() -> float:
+    """Peak allocated since the last reset on a GPU; the process's peak RSS on a CPU
+    (monotonic over the whole bench: a CPU figure is only a sanity check)."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2 ** 30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2 ** 30
+
+
+def top_ops(step, cuda: bool) -> list[tuple[str, float, float]]:
+    """(operator, ms, share of the profiled time) of one step, the TOP_OPS longest by self
+    device time on a GPU (CPU time on a CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    total = sum(getattr(e, key) for e in events) or 1.0
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
+    return [(e.key, getattr(e, key) / 1e3, getattr(e, key) / total) for e in events[:TOP_OPS]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- trainbench ----------------------------------------------------------------------------
+
+def bench_trainbench(plan, steps: int, warmup: int, cuda: bool) -> dict:
+    """trainbench's own Trainer, one rank, in this process: Trainer.train_step times each
+    step between two device synchronisations, as every trainbench run does."""
+    from trainbench.engine.trainer import Trainer
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    reset_peak_memory()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(plan, Path(tmp) / "exp")
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # its log lines: a temp dir's
+                trainer.setup()
+            times = []
+            for step in range(warmup + steps):
+                metrics = trainer.train_step(step)
+                if step >= warmup:
+                    times.append(metrics.step_time_s)
+            ops = top_ops(lambda: trainer.train_step(warmup + steps), cuda)
+            info = json.loads((trainer.exp_dir / "run.json").read_text())
+            return dict(step_times=times, peak_memory_gib=peak_memory_gib(), top_ops=ops,
+                        sdpa_backend=info["sdpa_backend"], loss=metrics.loss,
+                        optimizer=info["optimizer"]["implementation"],
+                        peak_tflops=trainer.peak_tflops,
+                        mfu_not_applicable=trainer.mfu_not_applicable)
+        finally:
+            trainer.close()
+            del trainer
+            reset_peak_memory()
+
+
+# --- Hugging Face --------------------------------------------------------------------------
+
+def hf_model(spec, device: torch.device):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden, intermediate_size=spec.ffn,
+        num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads, head_dim=spec.head_dim, rms_norm_eps=spec.norm_eps,
+        rope_theta=spec.rope_base, max_position_embeddings=131072,
+        tie_word_embeddings=False, attn_implementation="sdpa",
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    with torch.device(device):
+        return LlamaForCausalLM(config).train()
+
+
+def bench_hf(plan, steps: int, warmup: int, cuda: bool) -> dict:
+    """The loop a Hugging Face user writes: fp32 weights, bf16 autocast, HF's loss from
+    `labels`, clipping, fused AdamW on CUDA; the same kernels' order as trainbench."""
+    device = torch.device("cuda" if cuda else "cpu")
+    sdpa.use_engine_order(device.type)
+    reset_peak_memory()
+    model = hf_model(plan.model, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=plan.lr, betas=(0.9, 0.95),
+                            weight_decay=0.1, **({"fused": True} if cuda else {"foreach": True}))
+
+    def batch(step: int) -> torch.Tensor:
+        inputs, _ = data.microbatch(plan.seed, step, 0, plan.mbs, plan.seq_len,
+                                    plan.model.vocab_size)
+        return inputs.to(device)
+
+    def step_fn(tokens: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = model(input_ids=tokens, labels=tokens).loss  # HF shifts the labels
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    times = []
+    for step in range(warmup + steps):
+        tokens = batch(step)
+        synchronize()
+        start = time.perf_counter()
+        loss = step_fn(tokens)
+        synchronize()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    tokens = batch(warmup + steps)
+    ops = top_ops(lambda: step_fn(tokens), cuda)
+    heads = plan.model.heads, plan.model.kv_heads
+    result = dict(step_times=times, peak_memory_gib=peak_memory_gib(), top_ops=ops,
+                  sdpa_backend=sdpa.chosen_backend(device, torch.bfloat16, *heads,
+                                                   plan.model.head_dim, plan.seq_len),
+                  loss=float(loss), optimizer="fused" if cuda else "foreach")
+    del model, opt
+    reset_peak_memory()
+    return result
+
+
+# --- report --------------------------------------------------------------------------------
+
+def figures(result: dict, plan, peak: float | None) -> dict:
+    """tokens/s, TFLOPS and MFU (both conventions) from the median timed step."""
+    step = statistics.median(result["step_times"])
+    tokens = plan.seq_len * plan.gbs
+    out = dict(step_time_s=step, tokens_per_s=tokens / step)
+    for convention in flops.CONVENTIONS:
+        tflops = flops.flops_per_sequence(plan.model, plan.seq_len, convention) \
+            * plan.gbs / step / 1e12
+        out[f"tflops_{convention}"] = tflops
+        out[f"mfu_{convention}_pct"] = 100 * tflops / peak if peak else None
+    return out
+
+
+def predicted(plan) -> str:
+    try:
+        from trainbench.predict.perf import predict_step
+        pred = predict_step(plan, sharding="engine")
+    except Exception as err:  # noqa: BLE001 - a benchmark reports, it does not stop
+        return f"no prediction for this plan ({type(err).__name__}: {err})"
+    return (f"{pred.tokens_per_s:,.0f} tokens/s, {pred.step_time_s * 1e3:.1f} ms/step, "
+            f"MFU {100 * pred.mfu:.1f}% published / {100 * pred.mfu_causal:.1f}% causal")
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed steps (default 10 on a GPU, 2 on a CPU)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed steps first (default 3 on a GPU, 1 on a CPU)")
+    parser.add_argument("--dtypes", default="bf16,fp8",
+                        help="trainbench dtypes, comma-separated (fp8 needs torchao)")
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face loop")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="dense peak of a GPU the catalog does not know")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    steps = args.steps or (10 if cuda else 2)
+    warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+
+    device = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"gpu_mfu: {device}, torch {torch.__version__}")
+    if not cuda:
+        print(NO_GPU)
+    plans = {dtype: make_plan(dtype, cuda, args.peak_tflops) for dtype in dtypes}
+    spec = next(iter(plans.values())).model
+    first = next(iter(plans.values()))
+    print(f"shape: Llama 3.1 hidden {spec.hidden}, {spec.heads} heads / {spec.kv_heads} KV, "
+          f"FFN {spec.ffn}, vocab {spec.vocab_size}, {spec.layers} layers, "
+          f"seq {first.seq_len}, MBS {first.mbs}, GBS {first.gbs}; "
+          f"{warmup} warm-up + {steps} timed steps (median)")
+    rows = []
+    for dtype, plan in plans.items():
+        result = bench_trainbench(plan, steps, warmup, cuda)
+        peak = result["peak_tflops"] if cuda and not result["mfu_not_applicable"] else None
+        rows.append(dict(run="trainbench", dtype=dtype, **result, **figures(result, plan, peak),
+                         predicted=predicted(plan)))
+    if not args.no_hf:
+        plan = plans.get("bf16") or make_plan("bf16", cuda, args.peak_tflops)
+        result = bench_hf(plan, steps, warmup, cuda)
+        peak = plan.peak_tflops if cuda else None
+        rows.append(dict(run="HF LlamaForCausalLM", dtype="bf16", **result,
+                         **figures(result, plan, peak)))
+
+    print("| run | dtype | ms/step | tokens/s | TFLOPS pub. | MFU pub. | TFLOPS causal "
+          "| MFU causal | peak mem GiB | SDPA | AdamW |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['dtype']} | {r['step_time_s'] * 1e3:.1f} | "
+              f"{r['tokens_per_s']:,.0f} | {r['tflops_published']:.1f} | "
+              f"{pct(r['mfu_published_pct'])} | {r['tflops_causal']:.1f} | "
+              f"{pct(r['mfu_causal_pct'])} | {r['peak_memory_gib']:.2f} | "
+              f"{r['sdpa_backend']} | {r['optimizer']} |")
+    for r in rows:
+        print(f"\n{r['run']} {r['dtype']}: top operators of one profiled step "
+              f"(self {'device' if cuda else 'CPU'} time)")
+        for name, ms, share in r["top_ops"]:
+            print(f"  {ms:9.2f} ms {100 * share:5.1f}%  {name}")
+    by = {(r["run"], r["dtype"]): r for r in rows}
+    tb_bf16, tb_fp8 = by.get(("trainbench", "bf16")), by.get(("trainbench", "fp8"))
+    hf = by.get(("HF LlamaForCausalLM", "bf16"))
+    print()
+    if tb_bf16 and tb_fp8:
+        print(f"fp8 / bf16 tokens/s: {tb_fp8['tokens_per_s'] / tb_bf16['tokens_per_s']:.2f}x "
+              "(target >= 1.3x on an H100)")
+    if tb_bf16 and hf:
+        print(f"trainbench / HF tokens/s (bf16): "
+              f"{tb_bf16['tokens_per_s'] / hf['tokens_per_s']:.2f}x (target >= 1.5x)")
+    for r in rows:
+        if "predicted" in r:
+            print(f"predict, trainbench {r['dtype']}: {r['predicted']}")
+    if not cuda:
+        print(NO_GPU)
+    if args.json:
+        args.json.write_text(json.dumps(dict(device=device, torch=torch.__version__,
+                                             gpu=cuda, rows=rows), indent=2))
+
+
+if __name__ == "__main__":
+    main()
