@@ -171,3 +171,21 @@ def test_held_out_rows_are_not_seed_cells_have_sources_and_are_predicted():
     rows = bench.predict_heldout(default_constants("h100"))
     assert len(rows) == len(heldout.HELD_OUT)
     assert all(r["predicted_s"] > 0 for r in rows)
+
+
+def test_search_ranks_layouts_with_the_profile_figures():
+    from trainbench.predict.search import search
+    facts = hp.read_facts(PROFILE)
+    device, constants = hp.device_and_constants("h100", None, facts, {})
+    result = search("pretrain_llama3.1", "8b", "bf16", 16, "h100", config={},
+                    sharding="engine", device=device, constants=constants)
+    plain = search("pretrain_llama3.1", "8b", "bf16", 16, "h100", config={}, sharding="engine")
+    best = result.ranked[0]
+    # The same plan predicted alone with the profile gets the search's figure...
+    alone, _ = hp.predict_with_profile(best.plan, facts, sharding="engine", config={})
+    assert best.prediction.step_time_s == pytest.approx(alone.step_time_s)
+    # ...and the profile's slower GEMMs (600 of 989 TFLOPS) make every layout slower.
+    plain_by_key = {c.describe(): c.prediction.step_time_s for c in plain.ranked}
+    both = [c for c in result.ranked if c.describe() in plain_by_key]
+    assert len(both) >= 5
+    assert all(c.prediction.step_time_s > plain_by_key[c.describe()] for c in both)

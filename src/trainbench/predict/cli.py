@@ -65,9 +65,9 @@ def register(app) -> None:
             config = load_config()
         except ValueError as err:
             fail(str(err))
-        if hardware is not None and (do_search or calibrate_dir is not None):
-            fail("--hardware applies to one prediction; drop --search / --calibrate or "
-                 "--hardware")
+        if hardware is not None and calibrate_dir is not None:
+            fail("--hardware and --calibrate are separate runs: --calibrate fits to measured "
+                 "step times, --hardware predicts from measured GEMMs and links; drop one")
         if calibrate_dir is not None:
             if do_search:
                 fail("--calibrate and --search are separate runs; drop one of them")
@@ -94,12 +94,19 @@ def register(app) -> None:
             overrides = parse_overrides(sets or [])
         except PlanError as err:
             fail("; ".join(err.problems))
+        facts = None
+        if hardware is not None:
+            from .hardware_profile import HardwareProfileError, read_facts
+            try:
+                facts = read_facts(hardware)  # a bad file fails first, alone
+            except HardwareProfileError as err:
+                fail(str(err))
         if do_search:
             _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
-                    headroom, fmt)
+                    headroom, fmt, facts)
         else:
             _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
-                     hardware)
+                     facts)
 
 
 def _calibrated(config: dict, gpu: str) -> bool:
@@ -108,20 +115,13 @@ def _calibrated(config: dict, gpu: str) -> bool:
 
 
 def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
-             hardware=None) -> None:
+             facts=None) -> None:
     import json
 
     from ..cli import fail
     from ..plan import PlanError, build_plan
-    from .hardware_profile import HardwareProfileError, predict_with_profile
+    from .hardware_profile import predict_with_profile
     from .report import prediction_dict
-    facts = None
-    if hardware is not None:
-        from .hardware_profile import read_facts
-        try:
-            facts = read_facts(hardware)  # before the plan: a bad file fails first, alone
-        except HardwareProfileError as err:
-            fail(str(err))
     try:
         plan = build_plan(workload, size, dtype, scale, gpu, overrides=dict(overrides))
     except PlanError as err:
@@ -199,7 +199,7 @@ def _print_prediction(plan, data: dict, pred) -> None:
 
 
 def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top, headroom,
-            fmt) -> None:
+            fmt, facts=None) -> None:
     import json
 
     from rich.table import Table
@@ -210,8 +210,13 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
     from .search import search
     try:
         get_model(workload, size)
+        device = constants = None
+        if facts is not None:
+            from .hardware_profile import device_and_constants
+            device, constants = device_and_constants(gpu.lower(), None, facts, config)
         result = search(workload, size, dtype.lower(), scale, gpu.lower(), overrides=overrides,
-                        config=config, sharding=sharding, headroom=headroom)
+                        config=config, sharding=sharding, headroom=headroom, device=device,
+                        constants=constants)
     except (LookupError, ValueError) as err:
         fail(str(err))
     data = search_dict(result, top)

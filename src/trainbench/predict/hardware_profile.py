@@ -194,22 +194,29 @@ def gemm_labels(gpu_type: str, calibrated: bool) -> dict[str, str]:
     return transfer_constants(DEFAULTS.get(gpu_type, DEFAULTS[FITTED_ON]), gpu_type)[1]
 
 
+def device_and_constants(gpu_type: str, gpus_per_node: int | None, facts: HardwareFacts | None,
+                         config: dict | None = None) -> tuple[Device, Constants]:
+    """The device (its figures labelled with their sources) and constants predict uses for
+    a GPU type: the profile's measured figures over the catalog's when `facts` is given."""
+    from .constants import calibrated_values, constants_for
+    from .device import device_for
+    device = device_for(gpu_type, gpus_per_node, config)
+    constants = constants_for(gpu_type, config)
+    figures = dict(device.figures)
+    figures.update(gemm_labels(device.key, bool(calibrated_values(config or {}, gpu_type))))
+    device = replace(device, figures=tuple(figures.items()))
+    if facts is not None:
+        device, constants = apply_facts(facts, device, constants)
+    return device, constants
+
+
 def predict_with_profile(plan, facts: HardwareFacts | None, *, sharding: str = "engine",
                          config: dict | None = None):
     """(prediction, {figure: where it came from}) for a plan, with the profile's figures
     when `facts` is given, the catalog's (measured where catalog.measured has them)
     otherwise."""
-    from .constants import calibrated_values, constants_for
-    from .device import device_for
     from .perf import predict_step
-    device = device_for(plan.gpu_type, plan.gpus_per_node, config)
-    constants = constants_for(plan.gpu_type, config)
-    figures = dict(device.figures)
-    figures.update(gemm_labels(device.key, bool(calibrated_values(config or {},
-                                                                   plan.gpu_type))))
-    device = replace(device, figures=tuple(figures.items()))
-    if facts is not None:
-        device, constants = apply_facts(facts, device, constants)
+    device, constants = device_and_constants(plan.gpu_type, plan.gpus_per_node, facts, config)
     pred = predict_step(plan, sharding=sharding, config=config, constants=constants,
                         device=device)
     return pred, dict(device.figures)

@@ -146,11 +146,13 @@ DEFAULT_HEADROOM = 0.05
 
 def search(workload: str, size: str, dtype: str, scale: int, gpu_type: str = "h100", *,
            overrides: dict | None = None, config: dict | None = None,
-           sharding: str = "recipe", headroom: float = DEFAULT_HEADROOM) -> SearchResult:
+           sharding: str = "recipe", headroom: float = DEFAULT_HEADROOM,
+           device=None, constants=None) -> SearchResult:
     """Valid layouts that fit with `headroom` (a fraction of usable memory) to spare,
     ranked by predicted step time.
 
     `overrides` (from --set) apply to every candidate; a searched key it sets is fixed.
+    `device` and `constants` replace the catalog's (predict --hardware passes a probe's).
     """
     fixed = dict(overrides or {})
     base = {k: v for k, v in fixed.items() if k not in SEARCH_KEYS + ("dp", "dp_shard")}
@@ -173,7 +175,8 @@ def search(workload: str, size: str, dtype: str, scale: int, gpu_type: str = "h1
         except PlanError:
             result.invalid += 1
             continue
-        ctx = make_context(plan, sharding=sharding, config=config)
+        ctx = make_context(plan, sharding=sharding, config=config, device=device,
+                           constants=constants)
         mem = memory_from_context(ctx)
         if mem.fits is False:
             result.not_fitting += 1
