@@ -134,8 +134,6 @@ def bench_trainbench(plan, steps: int, warmup: int, cuda: bool) -> dict:
                         mfu_not_applicable=trainer.mfu_not_applicable)
         finally:
             trainer.close()
-            del trainer
-            reset_peak_memory()
 
 
 # --- Hugging Face --------------------------------------------------------------------------
@@ -194,8 +192,6 @@ def bench_hf(plan, steps: int, warmup: int, cuda: bool) -> dict:
                   sdpa_backend=sdpa.chosen_backend(device, torch.bfloat16, *heads,
                                                    plan.model.head_dim, plan.seq_len),
                   loss=float(loss), optimizer="fused" if cuda else "foreach")
-    del model, opt
-    reset_peak_memory()
     return result
 
 
@@ -260,12 +256,14 @@ def main() -> None:
     rows = []
     for dtype, plan in plans.items():
         result = bench_trainbench(plan, steps, warmup, cuda)
+        reset_peak_memory()  # its model and optimizer went with the function's frame
         peak = result["peak_tflops"] if cuda and not result["mfu_not_applicable"] else None
         rows.append(dict(run="trainbench", dtype=dtype, **result, **figures(result, plan, peak),
                          predicted=predicted(plan)))
     if not args.no_hf:
         plan = plans.get("bf16") or make_plan("bf16", cuda, args.peak_tflops)
         result = bench_hf(plan, steps, warmup, cuda)
+        reset_peak_memory()
         peak = plan.peak_tflops if cuda else None
         rows.append(dict(run="HF LlamaForCausalLM", dtype="bf16", **result,
                          **figures(result, plan, peak)))

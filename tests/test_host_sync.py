@@ -15,6 +15,7 @@ the data, whichever Python call made it.
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 import traceback
@@ -177,3 +178,14 @@ def test_a_bf16_step_with_recompute_and_a_chunked_loss_reads_nothing_on_the_host
     reads, loss_sum, _ = _step_reads(trainer, 0)
     assert reads == [], "\n".join(reads)
     assert torch.isfinite(loss_sum)
+
+
+def test_run_json_records_the_kernels(one_rank):
+    """The kernels of issue 19 item 3 as run.json records them (tests/test_engine_kernels.py
+    checks the kernels themselves)."""
+    trainer = one_rank("pretrain_llama3.1")
+    info = json.loads((trainer.exp_dir / "run.json").read_text())
+    assert info["optimizer"]["name"] == "AdamW"
+    assert info["optimizer"]["implementation"] == "foreach"
+    assert info["sdpa_backend"] == "flash (CPU, causal)"
+    assert info["loss"] == "cross-entropy, fp32 logits (one chunk)"
