@@ -94,9 +94,13 @@ def test_cli_hardware_json_and_bad_profiles(tmp_path):
     data = json.loads(PROFILE.read_text())
     data["machine"]["gpu_type"] = "b200"
     other_gpu.write_text(json.dumps(data))
+    cpu = tmp_path / "cpu.json"
+    data["machine"]["gpu_type"] = "cpu"
+    cpu.write_text(json.dumps(data))
     for bad, words in ((tmp_path / "missing.json", "no such file"),
                        (wrong, "schema 0"),
-                       (other_gpu, "measured on b200")):
+                       (other_gpu, "measured on b200"),
+                       (cpu, "measured on a CPU")):
         res = runner.invoke(app, [*args, "--hardware", str(bad)])
         assert res.exit_code == 2, res.output
         lines = [line for line in res.stderr.splitlines() if line.strip()]

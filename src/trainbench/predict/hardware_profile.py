@@ -140,6 +140,10 @@ def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
                 ) -> tuple[Device, Constants]:
     """The device and constants with the profile's measured figures laid over them, each
     figure labelled in device.figures with the profile it came from."""
+    if facts.gpu_type == "cpu":
+        raise HardwareProfileError(
+            f"--hardware {facts.path}: measured on a CPU; predict models GPU steps, so "
+            f"probe the {device.key} machines (trainbench probe --gpu {device.key})")
     if facts.gpu_type and facts.gpu_type != device.key:
         raise HardwareProfileError(
             f"--hardware {facts.path}: measured on {facts.gpu_type or 'an unnamed device'}, "
