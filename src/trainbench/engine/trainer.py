@@ -109,6 +109,9 @@ class Trainer:
         self.model = (self.model_parts[0] if len(self.model_parts) == 1
                       else torch.nn.ModuleList(self.model_parts))
         self.pipeline = None
+        # Looked up once: indexing a DeviceMesh builds the sub-mesh again, reading its
+        # rank table on the host, at every call (once per step in timed_step otherwise).
+        self.pp_mesh = self.dims["pp"] if self.dims.pp_enabled else None
         if self.dims.pp_enabled:
             from .parallel.pp import build_schedule
             indices = [index for index, _ in stages]
@@ -496,7 +499,7 @@ class Trainer:
             for inputs, labels in batches:
                 loss_sum += self.forward_backward_step(inputs, labels)
         grad_norm = clip_grad_norm_(self.model.parameters(), max_norm=1.0,
-                                    pp_mesh=self.dims["pp"] if self.dims.pp_enabled else None)
+                                    pp_mesh=self.pp_mesh)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.plan.dtype in FP8_DTYPES:
