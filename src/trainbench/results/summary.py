@@ -411,6 +411,9 @@ def _profiling_overhead(result: ExperimentResult, facts: _RunFacts) -> None:
     profiled = [t for it, t in times.items() if it in traced]
     clean = [t for it, t in times.items() if it not in traced and it not in warmup]
     span = f"{min(traced)}-{max(traced)}"
+    inside = sorted(it for it in times if it in traced)
+    if inside and (inside[0], inside[-1]) != (min(traced), max(traced)):
+        span = f"{inside[0]}-{inside[-1]} (of {span}, the rest outside the window)"
     if not profiled:
         result.profiling_overhead = (f"not measured: the profiled iterations {span} lie "
                                      f"outside the window {first}-{last} (pass --window)")
