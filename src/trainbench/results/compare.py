@@ -6,9 +6,10 @@ the conditions the runs recorded (plan.json; run.json's `conditions` and `teleme
 most likely cause first. Pure Python: no torch, no scipy.
 
 Noise. One run per side: Welch's t-test (unequal variances) on the step times of the two
-timed windows, and, for tokens/s, TFLOPS and MFU, on each step's figure (the metric at
-that step's time). Sets (two or more runs on each side): the same test on the runs' own
-figures, so the spread is what a repeat of the run would see. A difference is "outside
+timed windows; for tokens/s, TFLOPS and MFU on each step's time per unit of the metric
+(per token, per FLOP), so their verdict is the step time's when both sides do the same
+work per step. Sets (two or more runs on each side): the same test on the runs' own
+figures (throughputs inverted likewise), so the spread is what a repeat would see. A difference is "outside
 noise" when the two-sided p-value is below 5%, i.e. when the 95% confidence interval of
 the difference excludes zero. p comes from Student's t distribution with Welch's
 fractional degrees of freedom, through the regularized incomplete beta function.
@@ -41,11 +42,12 @@ ALPHA = 0.05
 NUMERIC_TOLERANCE = 0.02
 """Measured readings (current clocks, mean power, temperature) differ a little in every
 run; a relative difference below this is not listed as a difference in conditions."""
-METHOD_STEPS = ("Welch's t-test on the per-step values of the two timed windows "
-                "(two-sided, 5% level: outside noise when the 95% CI of the difference "
-                "excludes 0)")
-METHOD_RUNS = ("Welch's t-test on the runs' figures, one per run (two-sided, 5% level: "
-               "outside noise when the 95% CI of the difference excludes 0)")
+METHOD_STEPS = ("Welch's t-test on the step times of the two timed windows (throughputs: "
+                "on each step's time per token, per FLOP), two-sided, 5% level: outside "
+                "noise when the 95% CI of the difference excludes 0")
+METHOD_RUNS = ("Welch's t-test on the runs' figures, one per run (throughputs: as time "
+               "per token, per FLOP), two-sided, 5% level: outside noise when the 95% CI "
+               "of the difference excludes 0")
 
 
 # --- Student's t distribution ----------------------------------------------------------------
@@ -247,16 +249,21 @@ def _window_times(r: ExperimentResult) -> dict[int, float]:
 
 
 def _per_step(r: ExperimentResult, attr: str) -> list[float]:
-    """Each window step's value of a metric: step times themselves, or a throughput
-    figure (value = K / mean step time for a constant K of the run) at each step's time."""
+    """What the noise test compares for one run: each window step's time, scaled for a
+    throughput metric to the time per unit of it (value = K / mean step time for a
+    constant K of the run, so step i takes t_i / K per unit). The t statistic does not
+    change when both sides are scaled alike, so tokens/s, TFLOPS and MFU get the step
+    time's verdict when the work per step is the same, and a per-token verdict when it
+    is not; a step's reciprocal would weigh slow steps differently from the step time's
+    test and could disagree with it."""
     times = list(_window_times(r).values())
     if attr == "step_time_mean_s":
         return times
     value = getattr(r, attr)
-    if value is None or r.step_time_mean_s is None:
+    if not value or r.step_time_mean_s is None:
         return []
     k = value * r.step_time_mean_s
-    return [k / t for t in times]
+    return [t / k for t in times]
 
 
 def _metric_value(r: ExperimentResult, attr: str) -> float | None:
@@ -313,7 +320,10 @@ def metric_rows(a: Side, b: Side) -> tuple[list[MetricRow], str]:
             diff, test = None, None
             note = "an MFU is INVALID (its peak is wrong): not compared"
         elif va and vb and sets:
-            test = welch_test(va, vb)
+            # Throughputs as time per unit, for the reason _per_step gives.
+            inverse = per_step and attr != "step_time_mean_s"
+            test = welch_test(*([1 / v for v in vs if v] if inverse else vs
+                                for vs in (va, vb)))
         elif va and vb and per_step:
             # One run on a side (or one run against a set): the windows' steps, pooled
             # per side, stand for the noise.
@@ -400,8 +410,8 @@ def _condition_values(info: dict, with_conditions: bool, with_telemetry: bool
         for k, v in (plan.get("model") or {}).items():  # model overrides (--set layers=...)
             flat[f"model.{k}"] = v
         for k, v in flat.items():
-            if k.startswith("features.") and k != "features.profile" and not v:
-                v = None
+            if k.startswith("features.") and not v:
+                v = None  # off: shown as '-', the same whether absent, '' or False
             if k == "features.load_checkpoint" and v:
                 v = "yes"
             values[k] = (0, order.get(k, len(order)), v)
