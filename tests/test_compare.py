@@ -129,6 +129,19 @@ def test_differences_are_ranked_plan_first_logging_last():
     assert [d.rank for d in diffs] == list(range(1, len(diffs) + 1))
     assert notes == []
 
+    # Two nodes on B, each with its conditions-<host>.json: the second node's lower power
+    # limit shows beside the first's, and the GPUs of both count.
+    node2 = json.loads(json.dumps(b["run"]["conditions"]))
+    node2["host"]["hostname"] = "node3"
+    for gpu in node2["gpus"]:
+        gpu["power_limit_w"] = 400.0
+    b2 = {**b, "nodes": [b["run"]["conditions"], node2]}
+    diffs, _ = condition_differences([a], [b2])
+    by_key = {d.key: d for d in diffs}
+    assert by_key["gpu.count"].a == 8 and by_key["gpu.count"].b == 16
+    assert by_key["gpu.power_limit_w"].b == "500.0 (x8), 400.0 (x8)"
+    assert by_key["host.hostname"].b == "node2 (x1), node3 (x1)"
+
     # A run without recorded conditions: only what plan.json says is compared, and a note
     # says what was not.
     older = {"plan": b["plan"], "run": {}}

@@ -199,8 +199,12 @@ def run_info(result: ExperimentResult) -> dict:
     path = Path(result.path)
     if not path.is_dir():
         return {"plan": None, "run": None, "result": result}
+    # Each node's own record (local rank 0 writes conditions-<host>.json): run.json has
+    # rank 0's node only, and a slow node elsewhere is what explains many gaps.
+    nodes = [data for f in sorted(path.glob("conditions-*.json"))
+             if (data := _read_json(f)) is not None]
     return {"plan": _read_json(path / PLAN_FILE), "run": _read_json(path / RUN_FILE),
-            "result": result}
+            "nodes": nodes, "result": result}
 
 
 def load_side(label: str, paths: list[str | Path], **options) -> Side:
@@ -392,6 +396,12 @@ def _gpu_summary(gpus: list, key: str):
         return None
     if key == "count":
         return len(gpus)
+    if key in ("sm_clock_mhz", "mem_clock_mhz"):
+        # Current clocks are readings that differ a little per GPU: their mean is compared
+        # with a tolerance (NUMERIC_TOLERANCE).
+        readings = [g.get(key) for g in gpus if isinstance(g, dict)]
+        if readings and all(isinstance(x, (int, float)) for x in readings):
+            return statistics.fmean(readings)
     values = [g.get(key) for g in gpus if isinstance(g, dict)]
     if len(set(map(repr, values))) == 1:
         return values[0]
@@ -431,15 +441,25 @@ def _condition_values(info: dict, with_conditions: bool, with_telemetry: bool
     cond = run.get("conditions") if isinstance(run.get("conditions"), dict) else None
     if with_conditions and cond is not None:
         env = {**(cond.get("env") or {}), **env}
+        nodes = [n for n in info.get("nodes") or [] if isinstance(n, dict)] or [cond]
+        gpus = [g for n in nodes for g in (n.get("gpus") or [])]
+
+        def across(get):
+            """One value for all nodes, or each value with its count of nodes."""
+            found = [get(n) for n in nodes]
+            found = [" ".join(v) if isinstance(v, list) else v for v in found]
+            if len(set(map(repr, found))) == 1:
+                return found[0]
+            return ", ".join(f"{v} (x{n})" for v, n in Counter(map(str, found)).items())
         for i, k in enumerate(_VERSION_KEYS):
-            value = _gpu_summary(cond.get("gpus"), "driver") if k == "driver" else cond.get(k)
+            value = (_gpu_summary(gpus, "driver") if k == "driver"
+                     else across(lambda n, k=k: n.get(k)))
             values[f"version.{k}"] = (2, i, value)
         for i, k in enumerate(_GPU_KEYS):
-            values[f"gpu.{k}"] = (3, i, _gpu_summary(cond.get("gpus"), k))
-        values["topology"] = (4, 0, cond.get("topology"))
+            values[f"gpu.{k}"] = (3, i, _gpu_summary(gpus, k))
+        values["topology"] = (4, 0, across(lambda n: n.get("topology")))
         for i, k in enumerate(_HOST_KEYS):
-            v = _get(cond, k)
-            values[k] = (5, i, " ".join(v) if isinstance(v, list) else v)
+            values[k] = (5, i, across(lambda n, k=k: _get(n, k)))
     telemetry = run.get("telemetry") if isinstance(run.get("telemetry"), dict) else None
     if with_telemetry and telemetry is not None:
         base = len(_GPU_KEYS)
@@ -482,8 +502,9 @@ def _side_value(values: list):
     if len(distinct) == 1:
         return values[0]
     counts = Counter(json.dumps(v, sort_keys=True, default=str) for v in values)
-    return _MIXED, "mixed: " + ", ".join(f"{json.loads(v)} ({n} run{'s' if n > 1 else ''})"
-                                         for v, n in counts.items())
+    return _MIXED, "mixed: " + ", ".join(
+        f"{_value_text(json.loads(v))} ({n} run{'s' if n > 1 else ''})"
+        for v, n in counts.items())
 
 
 def _differ(key: str, a, b) -> bool:
