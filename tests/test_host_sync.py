@@ -191,43 +191,57 @@ def test_run_json_records_the_kernels(one_rank):
     assert info["loss"] == "cross-entropy, fp32 logits (one chunk)"
 
 
-def _pipeline_rank(rank: int, port: int, out_dir: str) -> None:
-    """One rank of a PP2 run (spawned): step 0 untimed (the stages' first step infers the
-    activation shapes by exchanging metadata), then the host reads of step 1."""
+LAYOUTS = {"PP2": dict(pp=2), "FSDP2": dict(dp=2), "TP2": dict(tp=2), "CP2": dict(cp=2)}
+
+
+def _layout_ranks(rank: int, ports: list[int], out_dir: str) -> None:
+    """One rank (spawned) of each two-rank layout in turn, one process group each: step 0
+    untimed (a pipeline's first step infers the stages' activation shapes by exchanging
+    metadata), then the host reads of step 1."""
     import os
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from trainbench.engine.trainer import Trainer
-    plan = build_plan("pretrain_llama3.1", "tiny", "fp32", 2, "cpu", steps=3, peak_tflops=1.0,
-                      overrides=dict(pp=2, tp=1, cp=1, dp=1))
-    trainer = Trainer(plan, Path(out_dir) / "exp")
-    try:
-        trainer.setup()
-        trainer.timed_step(trainer.timed_step_inputs(0))
-        reads, loss_sum, grad_norm = _step_reads(trainer, 1)
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(
-            dict(reads=reads, loss=float(loss_sum), grad_norm=float(grad_norm))))
-    finally:
-        trainer.close()
+    for (name, layout), port in zip(LAYOUTS.items(), ports):
+        os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        plan = build_plan("pretrain_llama3.1", "tiny", "fp32", 2, "cpu", steps=3,
+                          peak_tflops=1.0, overrides=dict(dict(pp=1, tp=1, cp=1, dp=1), **layout))
+        trainer = Trainer(plan, Path(out_dir) / name)
+        try:
+            trainer.setup()
+            trainer.timed_step(trainer.timed_step_inputs(0))
+            reads, loss_sum, grad_norm = _step_reads(trainer, 1)
+            (Path(out_dir) / f"{name}-rank{rank}.json").write_text(json.dumps(
+                dict(reads=reads, loss=float(loss_sum), grad_norm=float(grad_norm))))
+        finally:
+            trainer.close()
 
 
 @pytest.mark.slow
-def test_a_pipeline_step_reads_nothing_on_the_host(tmp_path):
-    """PP2 under torch.distributed.pipelining's 1F1B schedule, two real gloo processes.
+def test_a_step_of_every_parallel_layout_reads_nothing_on_the_host(tmp_path):
+    """PP2 (torch.distributed.pipelining's 1F1B), FSDP2, TP2 (with loss_parallel) and CP2
+    (all-gather KV, lower-right causal chunks): two real gloo processes, one after another.
 
     What torch's pipelining does on its own: the first step exchanges tensor metadata to
-    infer the stages' shapes (a host-side exchange, once, before any timed step), and on
-    gloo each send/recv wait blocks the CPU (on NCCL it only orders streams). Neither is a
-    read of a tensor's value, and the timed step of a later iteration reads none."""
+    infer the stages' shapes (a host-side exchange, once, before any later step), and on
+    gloo each send/recv wait blocks the CPU (on NCCL it only orders streams). Neither is
+    a read of a tensor's value, and no later step reads any."""
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_pipeline_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
-    first, last = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert first["reads"] == [] and last["reads"] == [], first["reads"] + last["reads"]
-    # The last stage computed the loss; the first stage's share of it is zero.
-    assert first["loss"] == 0 and last["loss"] > 0
-    # Both report the same global norm (the stages' squared norms summed over pp).
-    assert first["grad_norm"] == pytest.approx(last["grad_norm"]) and last["grad_norm"] > 0
+    ports = []
+    for _ in LAYOUTS:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    mp.spawn(_layout_ranks, args=(ports, str(tmp_path)), nprocs=2, join=True)
+    for name in LAYOUTS:
+        first, second = (json.loads((tmp_path / f"{name}-rank{r}.json").read_text())
+                         for r in (0, 1))
+        assert first["reads"] == [] and second["reads"] == [], \
+            (name, first["reads"] + second["reads"])
+        # Every rank reports the same global norm (shards and stages combined).
+        assert first["grad_norm"] == pytest.approx(second["grad_norm"], rel=1e-5), name
+        assert first["grad_norm"] > 0
+        if name == "PP2":  # only the last stage computes a loss
+            assert first["loss"] == 0 and second["loss"] > 0
+        else:
+            assert first["loss"] > 0 and second["loss"] > 0, name

@@ -16,6 +16,8 @@ module's `attend(q, k, v)`, installed by `apply_context_parallel`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -93,8 +95,6 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     0..c*L + i. Keys past the chunk are never computed, and `causal_lower_right` keeps
     the fused (flash / memory-efficient) kernels eligible, unlike a boolean mask.
     """
-    from torch.nn.attention.bias import causal_lower_right
-
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     chunk = q.shape[2] // 2
     # One collective for both: stack k and v along the batch dim.
@@ -118,8 +118,16 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         keys = (c + 1) * chunk
         outputs.append(F.scaled_dot_product_attention(
             q_c, k_all[:, :, :keys], v_all[:, :, :keys],
-            attn_mask=causal_lower_right(chunk, keys)))
+            attn_mask=_lower_right(chunk, keys)))
     return torch.cat(outputs, dim=2)
+
+
+@functools.lru_cache(maxsize=64)
+def _lower_right(queries: int, keys: int):
+    """The lower-right causal bias, made once per shape: it holds no data, and every layer
+    of every step uses the same two."""
+    from torch.nn.attention.bias import causal_lower_right
+    return causal_lower_right(queries, keys)
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> None:
