@@ -183,7 +183,7 @@ class Side:
     paths: list[str]
     results: list[ExperimentResult]
     infos: list[dict]
-    """Per run: {"plan": plan.json or None, "run": run.json or None}."""
+    """Per run (run_info): plan.json, run.json and each node's conditions-<host>.json."""
 
 
 def _read_json(path: Path) -> dict | None:
@@ -353,7 +353,10 @@ _PLAN_KEYS = ("workload", "size", "dtype", "gpu_type", "gpus", "num_nodes", "gpu
               "layout.dp_shard", "mbs", "gbs", "ga", "seq_len", "recompute", "compile",
               "fp8_recipe", "features.profile", "features.nccl_trace", "peak_tflops",
               "steps", "features.load_checkpoint", "lr", "min_lr", "warmup_steps", "seed")
-_PLAN_IGNORED = ("name", "out_dir", "env", "recipe_note", "recipe_source")
+_PLAN_NOT_COMPARED = ("name", "out_dir", "env", "recipe_note", "recipe_source", "model",
+                      "layout", "features")
+"""Where a run was written, its recipe's wording, and what is compared key by key
+(the environment with the conditions' own, model, layout and features field by field)."""
 _VERSION_KEYS = ("torch", "cuda", "nccl", "cudnn", "driver", "torchao", "trainbench", "python")
 _GPU_KEYS = ("count", "name", "memory_bytes", "sm_clock_max_mhz", "mem_clock_max_mhz",
              "power_limit_w", "ecc", "mig", "persistence", "sm_clock_mhz", "mem_clock_mhz")
@@ -370,7 +373,7 @@ _PERF_ENV = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNEL
              "NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE", "NCCL_CROSS_NIC", "NCCL_NET",
              "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE",
              "NCCL_SHM_DISABLE", "NCCL_IB_", "NCCL_SOCKET_", "NCCL_NSOCKS_PERTHREAD",
-             "NCCL_CUMEM_ENABLE", "NCCL_GRAPH_", "NCCL_TOPO_", "NCCL_ALGO_",
+             "NCCL_CUMEM_ENABLE", "NCCL_GRAPH_", "NCCL_TOPO_",
              "NCCL_PXN_DISABLE", "NCCL_LL128_", "NCCL_CTA_POLICY", "CUDA_DEVICE_MAX_CONNECTIONS",
              "CUDA_LAUNCH_BLOCKING", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",
              "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "TORCH_NCCL_AVOID_RECORD_STREAMS",
@@ -417,6 +420,9 @@ def _condition_values(info: dict, with_conditions: bool, with_telemetry: bool
     if plan is not None:
         order = {k: i for i, k in enumerate(_PLAN_KEYS)}
         flat = {k: _get(plan, k) for k in _PLAN_KEYS}
+        for k, v in plan.items():  # a plan field this list does not know yet still counts
+            if k not in flat and k not in _PLAN_NOT_COMPARED and not isinstance(v, (dict, list)):
+                flat[k] = v
         for k, v in (plan.get("model") or {}).items():  # model overrides (--set layers=...)
             flat[f"model.{k}"] = v
         for k, v in flat.items():
