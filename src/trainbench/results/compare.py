@@ -9,9 +9,9 @@ Noise. One run per side: Welch's t-test (unequal variances) on the step times of
 timed windows; for tokens/s, TFLOPS and MFU on each step's time per unit of the metric
 (per token, per FLOP), so their verdict is the step time's when both sides do the same
 work per step. Sets (two or more runs on each side): the same test on the runs' own
-figures (throughputs inverted likewise), so the spread is what a repeat would see. A difference is "outside
-noise" when the two-sided p-value is below 5%, i.e. when the 95% confidence interval of
-the difference excludes zero. p comes from Student's t distribution with Welch's
+figures (throughputs inverted likewise), so the spread is what a repeat would see. A
+difference is "outside noise" when the two-sided p-value is below 5%, i.e. when the 95%
+confidence interval of the difference excludes zero. p comes from Student's t distribution with Welch's
 fractional degrees of freedom, through the regularized incomplete beta function.
 
 Ranking of the condition differences (the order of CATEGORIES, then a fixed order of
