@@ -238,6 +238,32 @@ def test_sets_are_tested_on_the_runs_own_figures(two_runs):
     assert any("A's runs differ in mbs" in n and "not repeats of one plan" in n for n in notes)
 
 
+@pytest.mark.slow
+def test_energy_and_throttling_from_the_telemetry(two_runs, tmp_path):
+    """The real runs' directories, their run.json telemetry as GPU nodes would write it."""
+    import shutil
+    _, ring, mbs1 = two_runs
+    copies = []
+    for exp, energy, throttled in ((ring, 0.25, False), (mbs1, 0.2, True)):
+        copy = shutil.copytree(exp, tmp_path / exp.name)
+        run = json.loads((copy / "run.json").read_text())
+        run["telemetry"].update(source="nvml", energy_per_token_j=energy, throttled=throttled,
+                                throttle_reasons=["sw power cap"] if throttled else [])
+        (copy / "run.json").write_text(json.dumps(run))
+        copies.append(copy)
+    from trainbench.results.compare import compare
+    result = compare(load_side("A", [copies[0]]), load_side("B", [copies[1]]))
+    energy = next(m for m in result.metrics if m.name == "energy per token")
+    assert (energy.a, energy.b) == (0.25, 0.2)
+    assert energy.diff_pct == pytest.approx(-20.0)
+    assert energy.test is None and "no noise estimate" in energy.note
+    assert [d.key for d in result.differences][:3] == ["mbs", "ga", "env.NCCL_ALGO"]
+    throttled = [d for d in result.differences if d.key == "telemetry.throttled"]
+    assert throttled and (throttled[0].a, throttled[0].b) == (False, True)
+    assert any(n.startswith("B: ") and "throttled in its timed window" in n
+               for n in result.notes)
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
