@@ -116,3 +116,40 @@ def test_sdpa_choice_on_the_cpu_is_torchs_own():
     assert sdpa.chosen_backend(cpu, torch.float32, 4, 4, 16, 128) == "flash (CPU, causal)"
     assert sdpa.chosen_backend(cpu, torch.bfloat16, 8, 2, 16, 4096) == "flash (CPU, causal)"
     assert "lower-right causal" in sdpa.chosen_backend(cpu, torch.float32, 4, 4, 16, 128, cp=2)
+
+
+# --- activation recompute: selective (attention core) and full (whole blocks) ----------
+
+@pytest.mark.parametrize("workload", ["pretrain_llama3.1", "pretrain_nemotronh"])
+def test_recompute_modes_give_the_same_gradients_and_keep_less(workload):
+    """The same tiny model and batch under recompute none, selective and full: equal
+    loss and gradients (the recomputation reruns the same ops), and less kept for the
+    backward at each step: selective drops the attention core's own saved tensors
+    (output, softmax statistics), full keeps only each block's input."""
+    from trainbench.catalog.models import get_model
+    from trainbench.engine.models import build_model
+    from trainbench.engine.parallel import apply_activation_checkpointing
+    spec = get_model(workload, "tiny")
+    tokens = torch.randint(0, spec.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    results = {}
+    for mode in ("none", "selective", "full"):
+        torch.manual_seed(0)
+        model = build_model(spec)
+        with torch.no_grad():
+            model.init_weights()
+        apply_activation_checkpointing(model, mode)
+        loss, saved = _saved_for_backward(
+            lambda: cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]))
+        loss.backward()
+        grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad
+                 for n, p in model.named_parameters()}
+        kept = sum(torch.Size(shape).numel() * dt.itemsize for shape, dt in saved)
+        results[mode] = loss.detach(), grads, kept
+    base_loss, base_grads, base_kept = results["none"]
+    for mode in ("selective", "full"):
+        loss, grads, _ = results[mode]
+        torch.testing.assert_close(loss, base_loss, rtol=0, atol=0)
+        assert grads.keys() == base_grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, base_grads[name], rtol=1e-6, atol=1e-7, msg=name)
+    assert base_kept > results["selective"][2] > results["full"][2]

@@ -17,14 +17,30 @@ from .mesh import ParallelDims
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
-    """Full recompute: keep only each block's input and recompute the block in backward."""
+    """'full': keep only each block's input and recompute the whole block in the backward.
+    'selective': recompute only the attention core, softmax(QK^T)V, as Megatron's
+    selective recompute does (Korthikanti et al. 2022), the NVIDIA recipes' choice: the
+    cheapest part to recompute for the memory it frees, and what predict assumes."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    if mode not in ("full", "selective"):
+    if mode == "selective":
+        # After context parallelism, which installs its own attend: the recomputation
+        # then re-runs its key/value all-gather too.
+        for module in model.modules():
+            if callable(getattr(module, "attend", None)):
+                module.attend = _recomputed(module.attend)
         return
-    # 'selective' keeps the attention core's outputs in the NVIDIA recipes; here both
-    # recompute whole blocks, which is the conservative (least memory) choice.
+    if mode != "full":
+        return
     for key, block in list(model.layers.items()):
         model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
+
+
+def _recomputed(attend):
+    from torch.utils.checkpoint import checkpoint
+
+    def attend_recomputed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return checkpoint(attend, q, k, v, use_reentrant=False, preserve_rng_state=False)
+    return attend_recomputed
 
 
 def apply_compile(model: nn.Module) -> None:
