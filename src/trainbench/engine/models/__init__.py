@@ -23,8 +23,17 @@ def build_model(spec: ModelSpec) -> nn.Module:
         from trainbench.engine.models.nemotronh import NemotronH
 
         return NemotronH(spec)
+    if spec.family == "qwen3_moe":
+        from trainbench.engine.models.qwen3_moe import Qwen3MoE
+
+        return Qwen3MoE(spec)
+    if spec.family == "deepseek_v3":
+        from trainbench.engine.models.deepseek_v3 import DeepSeekV3
+
+        return DeepSeekV3(spec)
     raise ValueError(
-        f"unknown model family {spec.family!r}; expected 'llama', 'nemotron4' or 'nemotronh'")
+        f"unknown model family {spec.family!r}; expected 'llama', 'nemotron4', 'nemotronh', "
+        "'qwen3_moe' or 'deepseek_v3'")
 
 
 def count_parameters_meta(spec: ModelSpec) -> int:

@@ -1,0 +1,113 @@
+"""Qwen3 MoE (30B-A3B, 235B-A22B): grouped-query attention with QK-norm, and a mixture
+of experts in place of the MLP in every block.
+
+Same conventions as transformer.py, whose RMSNorm, RoPE and Attention it reuses: no
+parallelism in here; `layers` is a ModuleDict keyed by the global layer index;
+`tok_embeddings`, `norm` and `output` may be None on a pipeline stage; build on the
+meta device, then `to_empty(device=...)` and `init_weights()`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainbench.catalog.models import ModelSpec
+from trainbench.engine.models.moe import MoE, moe_layers
+from trainbench.engine.models.transformer import (
+    Attention,
+    RMSNorm,
+    apply_rotary,
+    build_norm,
+    init_trunk_weights,
+    rope_cos_sin,
+    rope_frequencies,
+)
+
+
+class QKNormAttention(Attention):
+    """transformer.Attention with Qwen3's per-head RMSNorm on q and k, applied before
+    RoPE (it keeps attention logits bounded without a softmax temperature)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__(spec)
+        self.q_norm = RMSNorm(spec.head_dim, spec.norm_eps)
+        self.k_norm = RMSNorm(spec.head_dim, spec.norm_eps)
+
+    def init_weights(self, out_std: float) -> None:
+        super().init_weights(out_std)
+        self.q_norm.reset_parameters()
+        self.k_norm.reset_parameters()
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_norm(self.wq(x).view(b, s, -1, self.head_dim))
+        k = self.k_norm(self.wk(x).view(b, s, -1, self.head_dim))
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class Qwen3MoEBlock(nn.Module):
+    """x + attention(norm(x)), then x + moe(norm(x))."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attention_norm = build_norm(spec)
+        self.attention = QKNormAttention(spec)
+        self.mlp_norm = build_norm(spec)
+        self.moe = MoE(spec)
+
+    def init_weights(self, out_std: float) -> None:
+        self.attention_norm.reset_parameters()
+        self.attention.init_weights(out_std)
+        self.mlp_norm.reset_parameters()
+        self.moe.init_weights(out_std)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        return x + self.moe(self.mlp_norm(x))
+
+
+class Qwen3MoE(nn.Module):
+    """Token embedding, `spec.layers` MoE blocks, final norm, untied output head."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        if not spec.is_moe or not spec.qk_norm:
+            raise ValueError(f"Qwen3MoE needs experts and QK-norm; {spec.name} has "
+                             f"{spec.n_routed_experts} experts, qk_norm={spec.qk_norm}")
+        self.spec = spec
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.layers = nn.ModuleDict({str(i): Qwen3MoEBlock(spec) for i in range(spec.layers)})
+        self.norm: nn.Module | None = build_norm(spec)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        self.register_buffer("rope_inv_freq", rope_frequencies(spec), persistent=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re)initialise every parameter, buffer and the RoPE table in place (a no-op on
+        meta tensors); residual output projections scaled by the depth as in transformer.py."""
+        self.rope_inv_freq.copy_(rope_frequencies(self.spec, device=self.rope_inv_freq.device))
+        init_trunk_weights(self, self.spec.layers)
+
+    def forward(self, tokens_or_hidden: torch.Tensor,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens [b, s] (or hidden states) -> logits [b, s, vocab] (hidden if no head)."""
+        if self.training:
+            # The load seen by the previous forward moves the selection bias (a no-op for
+            # Qwen3, which has none); done here so a recomputed block sees the same bias.
+            for moe in moe_layers(self):
+                moe.update_bias()
+        h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None \
+            else tokens_or_hidden
+        if positions is None:
+            positions = torch.arange(h.shape[1], device=h.device)
+        rope = rope_cos_sin(self.rope_inv_freq, positions)
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
