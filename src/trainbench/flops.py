@@ -5,6 +5,12 @@
 - ``causal``: Megatron-LM's count, attention scores halved for the causal mask; hybrid
   models count each layer kind separately.
 
+The MoE families (Qwen3 MoE, DeepSeek-V3) have no seed, and no source formula was
+found to cite, so their ``published`` count is the standard 6 x (active parameters'
+multiply-adds) count documented in `moe_breakdown`, with attention scores non-causal as
+the Llama seeds count them; ``causal`` is the same count with the scores halved. Only
+the experts a token is routed to (top_k) and the shared ones count, plus the router GEMM.
+
 An MFU figure must always say which convention produced it. Pure Python, no torch.
 """
 
@@ -90,7 +96,50 @@ def mamba_layer_flops(m: ModelSpec, s: int) -> float:
     return 6 * s * (proj + conv + scan)
 
 
+def mla_layer_flops(m: ModelSpec, s: int, causal: bool = True) -> float:
+    """One multi-head latent attention layer (DeepSeek-V3), fwd+bwd, from its real
+    projections: query down/up (or one projection without q_lora_rank), the latent and
+    shared RoPE key down-projection, the latent's up-projection to per-head keys (nope
+    part) and values, the output; then QK^T over nope+rope dims and AV over v dims."""
+    h, n = m.hidden, m.heads
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    q = h * m.q_lora_rank + m.q_lora_rank * n * qk if m.q_lora_rank else h * n * qk
+    kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * n * (
+        m.qk_nope_head_dim + m.v_head_dim)
+    out = n * m.v_head_dim * h
+    scores = s * n * (qk + m.v_head_dim) * (0.5 if causal else 1.0)
+    return 6 * s * (q + kv + out + scores)
+
+
+def moe_layer_flops(m: ModelSpec, s: int) -> float:
+    """One MoE MLP, fwd+bwd: the router GEMM (hidden x experts) and the SwiGLU of the
+    top_k routed experts and the shared ones each token passes through."""
+    h = m.hidden
+    return 6 * s * (h * m.n_routed_experts
+                    + (m.top_k + m.n_shared_experts) * 3 * h * m.moe_ffn)
+
+
+def moe_breakdown(m: ModelSpec, s: int, causal: bool) -> dict[str, float]:
+    """FLOPs of a MoE model by part: attention (GQA or MLA), the first dense MLPs, the
+    MoE MLPs (active experts + router) and the output head."""
+    c = m.layer_counts()
+    if m.is_mla:
+        attention = mla_layer_flops(m, s, causal)
+    else:
+        attention = attention_layer_flops_causal(m, s)
+        if not causal:  # the scores term again: counted in full
+            attention += 6 * s * s * m.heads * m.head_dim
+    return {
+        "attention": c["attention"] * attention,
+        "mlp": c["mlp"] * mlp_layer_flops(m, s),
+        "moe": c["moe"] * moe_layer_flops(m, s),
+        "embedding": 6 * s * m.hidden * m.vocab_size,
+    }
+
+
 def _causal(m: ModelSpec, s: int) -> dict[str, float]:
+    if m.is_moe:
+        return moe_breakdown(m, s, causal=True)
     c = m.layer_counts()
     return {
         "attention": c["attention"] * attention_layer_flops_causal(m, s),
@@ -102,7 +151,8 @@ def _causal(m: ModelSpec, s: int) -> dict[str, float]:
 
 def flops_breakdown(m: ModelSpec, seq_len: int | None = None,
                     convention: str = "published") -> dict[str, float]:
-    """FLOPs per sequence by part ('attention', 'mlp', 'mamba', 'embedding')."""
+    """FLOPs per sequence by part ('attention', 'mlp', 'mamba', 'embedding'; MoE models:
+    'attention', 'mlp', 'moe', 'embedding')."""
     s = seq_len or m.seq_len
     if convention == "causal":
         return _causal(m, s)
@@ -114,6 +164,8 @@ def flops_breakdown(m: ModelSpec, seq_len: int | None = None,
         return _published_nemotron4(m, s)
     if m.family == "nemotronh":
         return _published_nemotronh(m, s)
+    if m.is_moe:
+        return moe_breakdown(m, s, causal=False)
     raise ValueError(f"no published FLOPs formula for family {m.family!r}")
 
 

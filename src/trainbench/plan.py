@@ -312,6 +312,12 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         # A layout given in full with --set needs no recipe row at this scale: start
         # from the nearest row and let validation check the result.
         rows = recipes.rows_for(workload, size, row_dtype)
+        if not rows and not recipes.rows_for(workload, size):
+            # A size with no recipe at all (the MoE models' real sizes): the layout given
+            # with --set is the whole plan; batch sizes default to one sequence per rank.
+            rows = [recipes.RecipeRow(
+                workload, size, row_dtype, gpu_type, scale, model.seq_len, pipeline_layers(model),
+                1, 1, 1, 1, scale, 1, 1, scale, 1, "--set (no published recipe)")]
         if not rows:
             raise PlanError([str(err)]) from None
         row = min(rows, key=lambda r: abs(r.gpus - scale))
@@ -440,6 +446,17 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
         if lay.cp > 1:
             p.append(f"{plan.workload} has Mamba layers, which have no context parallelism; "
                      "use cp=1")
+    if lay.ep > 1:
+        p.append(f"expert parallelism is not implemented yet (ep={lay.ep}); use ep=1")
+    if m.is_moe:
+        # Only data parallelism (FSDP over whole experts) has been run on the MoE models.
+        for key in ("tp", "pp", "cp"):
+            if getattr(lay, key) > 1:
+                p.append(f"{plan.workload} supports only data parallelism so far "
+                         f"({key}={getattr(lay, key)}); use {key}=1")
+        if plan.dtype in FP8_DTYPES:
+            p.append(f"{plan.workload} has no FP8 path yet (grouped expert GEMMs); use "
+                     "--dtype bf16")
     if lay.vp > 1 and lay.pp == 1:
         p.append(f"VP={lay.vp} needs pipeline parallelism (PP > 1); set vp=1 or pp>1")
     layers = pipeline_layers(m)
