@@ -145,6 +145,13 @@ def show(
     if model.is_hybrid:
         fields += ["pattern", "mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups",
                    "mamba_chunk"]
+    if model.is_moe:
+        fields += ["n_routed_experts", "n_shared_experts", "top_k", "moe_ffn",
+                   "first_dense_layers", "router", "n_group", "topk_group", "routed_scaling",
+                   "aux_loss", "aux_loss_coef", "bias_update_speed"]
+    if model.is_mla:
+        fields += ["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                   "v_head_dim"]
     for f in fields:
         arch.add_row(f, str(getattr(model, f)))
     if len(depths) > 1 and not model.is_hybrid:
@@ -154,6 +161,11 @@ def show(
         arch.add_row("layers by scale", by_scale + " (figures below: the full depth; "
                      "pass --scale for one)")
     arch.add_row("parameters", f"{parameter_count(model):,} ({parameter_count(model) / 1e9:.2f} B)")
+    if model.is_moe:
+        from .catalog.models import active_parameter_count
+        active = active_parameter_count(model)
+        arch.add_row("active parameters", f"{active:,} ({active / 1e9:.2f} B per token, "
+                     "embedding row included)")
     for conv in fl.CONVENTIONS:
         value = fl.flops_per_sequence(model, convention=conv)
         arch.add_row(f"FLOPs/sequence ({conv})", f"{fl.round_sig(value, 4):.4g} ({value:.6e})")
