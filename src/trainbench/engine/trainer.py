@@ -230,6 +230,14 @@ class Trainer:
         start, end = default_window(self.plan.steps)
         self.telemetry_window = (self.step + start, self.step + end)
         self.telemetry = None
+        from .straggler import StragglerMonitor, install_slow_hook, instrumented_steps
+        install_slow_hook(self.model_parts, self.rank)
+        # A few steps time each rank's compute apart from its waits in collectives.
+        steps = (instrumented_steps(self.step, self.total_steps, self.telemetry_window)
+                 if self.world_size > 1 else [])
+        self.straggler = StragglerMonitor(
+            self.device, self.rank, self.local_rank, steps, self.telemetry_window,
+            stage=self.dims.coordinate("pp") if self.dims.pp_enabled else 0)
 
     def record_conditions(self) -> dict:
         """This node's conditions (local rank 0), also written to conditions-<host>.json.
@@ -466,11 +474,40 @@ class Trainer:
         # and gradient norm are read (a host sync) only after it stops, in step_metrics.
         batches = self.timed_step_inputs(step)
         self.synchronize()
+        straggler = getattr(self, "straggler", None)
         start = time.perf_counter()
-        loss_sum, grad_norm = self.timed_step(batches)
+        with straggler.context(step) if straggler else contextlib.nullcontext():
+            loss_sum, grad_norm = self.timed_step(batches)
         self.synchronize()
         elapsed = time.perf_counter() - start
-        return self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)
+        metrics = self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)
+        if straggler:
+            self.straggler_after_step(step, elapsed)
+        return metrics
+
+    def straggler_after_step(self, step: int, elapsed: float) -> None:
+        """After the last instrumented step: rank 0 writes every rank's compute times and
+        the verdict to run.json (`straggler`) and logs it (engine/straggler.py)."""
+        from .straggler import describe, probe_command, summarize
+        ranks = self.straggler.after_step(step, elapsed)
+        if not ranks:
+            return
+        p = self.plan
+        summary = summarize(ranks, probe_command(p.gpus, p.gpu_type, p.num_nodes,
+                                                 p.gpus_per_node), self.telemetry_window)
+        path = self.exp_dir / RUN_FILE
+        info = json.loads(path.read_text())
+        info["straggler"] = summary
+        tmp = path.with_name(path.name + ".tmp")
+        try:  # beside and renamed, as telemetry_after_step does
+            tmp.write_text(json.dumps(info, indent=2))
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self.log(f"trainbench: straggler record not written to {RUN_FILE}: {exc}")
+        line = describe(summary)
+        if line:
+            self.log(f"trainbench: {line}")
 
     def timed_step_inputs(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The step's microbatches as timed_step takes them (this rank's part of each

@@ -237,6 +237,11 @@ def print_summary(out, r) -> None:
         row("clocks", "THROTTLED during the timed window (see the notes)")
     if r.profiling_overhead:  # profiled steps against the window's unprofiled ones
         row("profiling overhead", r.profiling_overhead)
+    if r.straggler:  # a rank's compute time > 5% above the median rank's
+        row("STRAGGLER", r.straggler)
+    elif r.rank_compute_spread_pct is not None:
+        row("slowest rank's compute vs median", f"{r.rank_compute_spread_pct:+.1f}% "
+            "(within 5%: no straggler)")
     if r.ref_step_time_s is not None:
         row("reference step time (s)", r.ref_step_time_s)
         row("% of reference tokens/s", r.pct_of_ref_tokens_per_s, "{:.1f}%")

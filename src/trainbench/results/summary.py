@@ -99,6 +99,15 @@ class ExperimentResult:
     unprofiled ones there, in percent (+10 = profiled steps 10% slower)."""
     profiling_overhead: str | None = None
     """The same in words, or why it could not be measured (no unprofiled steps to compare)."""
+    rank_compute_spread_pct: float | None = None
+    """How far the slowest rank's median compute time (step time less its time in
+    collectives, run.json `straggler`) lies above the median rank's, in percent."""
+    straggler_rank: int | None = None
+    """The slowest rank when it is more than 5% above the median rank; None otherwise."""
+    straggler_host: str | None = None
+    straggler: str | None = None
+    """The straggler named in words, with the probe command that would confirm a
+    hardware cause; None when no rank is more than 5% slower."""
     verdict: str = ""
     comparable: bool = True
     """False for profiled or NCCL-traced runs: their timings are not valid for comparison."""
@@ -378,6 +387,7 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     _window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
     _telemetry(result, facts)
     _profiling_overhead(result, facts)
+    _straggler(result, facts)
     _compare(result, spec, convention, tolerance_pct)
     return result
 
@@ -431,6 +441,26 @@ def _profiling_overhead(result: ExperimentResult, facts: _RunFacts) -> None:
             f"window's {len(clean)} unprofiled step(s)"
             + (f" (warm-up step {min(warmup)} left out)" if warmup else ""))
     result.notes.append(f"profiling overhead {result.profiling_overhead}")
+
+
+def _straggler(result: ExperimentResult, facts: _RunFacts) -> None:
+    """The engine's per-rank compute times (run.json `straggler`): the spread always, the
+    slowest rank named only past the engine's threshold."""
+    from ..engine.straggler import describe  # no torch at import
+    record = (facts.run or {}).get("straggler")
+    if not isinstance(record, dict) or not isinstance(record.get("slowest"), dict):
+        return
+    slow = record["slowest"]
+    pct = slow.get("pct_above_median")
+    result.rank_compute_spread_pct = float(pct) if isinstance(pct, (int, float)) else None
+    if record.get("flagged") is True:
+        result.straggler_rank = slow.get("rank")
+        result.straggler_host = slow.get("host")
+        try:
+            result.straggler = describe(record)
+        except (KeyError, TypeError, ValueError):  # a hand-edited or older record
+            result.straggler = f"straggler: rank {slow.get('rank')} (host {slow.get('host')})"
+        result.notes.append(result.straggler)
 
 
 def _telemetry(result: ExperimentResult, facts: _RunFacts) -> None:
