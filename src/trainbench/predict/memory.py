@@ -124,7 +124,8 @@ def _unit_param_max(ctx: Context) -> float:
     if ctx.plan.model.is_hybrid:
         units += [w[k].params for k in ("attention", "mlp", "mamba") if k in w]
     else:
-        units.append(w["attention"].params + w["mlp"].params)
+        # A block's MLP: dense, or a mixture of experts (MoE models have both kinds).
+        units.append(w["attention"].params + max(w[k].params for k in ("mlp", "moe") if k in w))
     return max(units)
 
 
@@ -197,7 +198,8 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
         layer_kinds = [k for k in kinds if k not in ("embedding", "head")]
         biggest = max((ctx.work[k].act_bytes for k in layer_kinds), default=0.0)
         if not plan.model.is_hybrid and "attention" in layer_kinds:
-            biggest = ctx.work["attention"].act_bytes + ctx.work["mlp"].act_bytes
+            biggest = ctx.work["attention"].act_bytes + max(
+                ctx.work[k].act_bytes for k in ("mlp", "moe") if k in ctx.work)
         transient += biggest  # the block being recomputed for its backward
     logits = logits_bytes(plan.model, ctx.shape) if "head" in kinds else 0.0
     # PyTorch's caching allocator fragments under activations of varying lifetimes (CUDA

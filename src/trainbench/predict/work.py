@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from .. import flops as fl
 from ..catalog.models import ModelSpec
 
-KINDS = ("attention", "mlp", "mamba", "embedding", "head")
+KINDS = ("attention", "mlp", "moe", "mamba", "embedding", "head")
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,22 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=norm_saved + kept,
                          input_bytes=input_bytes, params=params,
                          tp_gather_bytes=(gather,) if t > 1 else ())
+    if kind == "moe":
+        # A first, rough MoE layer (issue 20 item 4 is still open): no tensor or expert
+        # parallelism (plan.py refuses both for MoE), the router GEMM and the SwiGLU of
+        # the top_k routed plus shared experts per token; every expert's weights held.
+        f, E = m.moe_ffn, m.n_routed_experts
+        routed = tok * (m.top_k + m.n_shared_experts)
+        lins = (Linear("router", tok, h, E, False),
+                Linear("experts_up", routed, h, 2 * f, sh.fp8),
+                Linear("experts_down", routed, f, h, sh.fp8))
+        # The permuted copy of each token per expert it goes to, gathered and scattered
+        # back forward and backward, plus SwiGLU's traffic as in 'mlp'.
+        hbm = (norm_residual + 8.0 * f * routed / tok + 4.0 * h * routed / tok) * tok * b
+        kept = (2.0 * b + gb) * f * routed + h * routed * b + E * tok * 4
+        params = h * E + (E + m.n_shared_experts) * 3 * h * f + h
+        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=norm_saved + kept,
+                         input_bytes=input_bytes, params=params)
     if kind == "mamba":
         lins = mamba_linears(m, sh)
         d_inner, gn, H = m.mamba_d_inner / t, m.mamba_groups * m.mamba_state / t, m.mamba_heads / t
@@ -222,6 +238,9 @@ def block_kinds(m: ModelSpec) -> list[tuple[str, ...]]:
     if m.is_hybrid:
         names = {"M": "mamba", "*": "attention", "-": "mlp"}
         return [(names[c],) for c in m.pattern]
+    if m.is_moe:
+        dense = m.first_dense_layers
+        return [("attention", "mlp")] * dense + [("attention", "moe")] * (m.layers - dense)
     return [("attention", "mlp")] * m.layers
 
 
