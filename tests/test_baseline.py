@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from trainbench.cli import app
 from trainbench.results import baseline as bl
-from trainbench.results import repeats
+from trainbench.results import repeats, stats
 from trainbench.results.summary import summarize_paths
 
 from helpers import run_cli
@@ -43,31 +43,32 @@ def error_line(res) -> str:
 # --- statistics ------------------------------------------------------------------------------
 
 # Two-sided 95% critical values of Student's t as printed in the NIST/SEMATECH e-Handbook
-# of Statistical Methods, 1.3.6.7.2 (and any textbook table): rows in the code's table,
-# and rows between them that the code interpolates (35, 45, 90) or takes towards the
-# normal limit (200: 1.972, infinity: 1.960).
+# of Statistical Methods, 1.3.6.7.2 (and any textbook table), against the code's t
+# distribution (computed, not tabled): printed rows, rows between them (35, 45, 90) and
+# towards the normal limit (200: 1.972, infinity: 1.960).
 @pytest.mark.parametrize("dof, published", [
     (1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042),
     (35, 2.030), (45, 2.014), (90, 1.987), (200, 1.972), (10**6, 1.960)])
 def test_t_quantiles_match_the_published_table(dof, published):
-    assert repeats.t_quantile_975(dof) == pytest.approx(published, abs=1.5e-3)
+    assert stats.t_quantile_975(dof) == pytest.approx(published, abs=1.5e-3)
 
 
 def test_t_quantile_needs_a_degree_of_freedom():
     with pytest.raises(ValueError, match="at least 1"):
-        repeats.t_quantile_975(0)
+        stats.t_quantile_975(0)
 
 
 def test_interval_by_hand():
-    # 1, 2, 3: mean 2, s = 1, half-width 4.303 / sqrt(3) = 2.4843.
-    iv = repeats.interval([1.0, 2.0, 3.0])
+    # 1, 2, 3: mean 2, s = 1, half-width t_{0.975,2} / sqrt(3) = 4.3027 / 1.73205 = 2.4842
+    # (t to four decimals, as four-decimal tables print it).
+    iv = stats.interval([1.0, 2.0, 3.0])
     assert (iv.n, iv.mean, iv.std) == (3, 2.0, 1.0)
-    assert iv.low == pytest.approx(2 - 2.4843, abs=1e-4)
-    assert iv.high == pytest.approx(2 + 2.4843, abs=1e-4)
-    # 10..18 step 2: s = sqrt(10), half-width 2.776 * sqrt(10) / sqrt(5) = 3.9259.
-    iv = repeats.interval([10.0, 12.0, 14.0, 16.0, 18.0])
-    assert (iv.low, iv.high) == (pytest.approx(10.0741, abs=1e-4), pytest.approx(17.9259, abs=1e-4))
-    one = repeats.interval([5.0])
+    assert iv.low == pytest.approx(2 - 2.4842, abs=1e-4)
+    assert iv.high == pytest.approx(2 + 2.4842, abs=1e-4)
+    # 10..18 step 2: s = sqrt(10), half-width 2.7764 * sqrt(10) / sqrt(5) = 3.9264.
+    iv = stats.interval([10.0, 12.0, 14.0, 16.0, 18.0])
+    assert (iv.low, iv.high) == (pytest.approx(10.0736, abs=1e-4), pytest.approx(17.9264, abs=1e-4))
+    one = stats.interval([5.0])
     assert (one.n, one.mean, one.std, one.low) == (1, 5.0, None, None)
 
 

@@ -14,8 +14,8 @@ import statistics
 import pytest
 
 from trainbench.results.compare import (METHOD_RUNS, METHOD_STEPS, condition_differences,
-                                        is_performance_env, load_side, metric_rows,
-                                        t_quantile, t_two_sided_p, welch_test)
+                                        is_performance_env, load_side, metric_rows)
+from trainbench.results.stats import t_quantile, t_two_sided_p, welch_test
 from trainbench.results.summary import summarize_experiment
 
 from helpers import read_metrics, run_cli, train

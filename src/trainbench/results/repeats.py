@@ -11,29 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import references
 from ..launch.experiment import PLAN_FILE
+from .stats import Interval, interval
 from .status import SUCCESS
 from .summary import DEFAULT_TOLERANCE_PCT, ExperimentResult, speed_verdict
-
-# Two-sided 95% critical values t_{0.975, dof} of Student's t distribution, from the
-# NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2 "Critical Values of
-# the Student's t Distribution" (column 0.975), to three decimals. 120 is the value the
-# usual printed tables give (e.g. the same handbook's neighbours: 100 -> 1.984).
-T_975 = {
-    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-    9: 2.262, 10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120,
-    17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064,
-    25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 50: 2.009,
-    60: 2.000, 80: 1.990, 100: 1.984, 120: 1.980,
-}
-Z_975 = 1.959964
-"""The normal limit (infinitely many degrees of freedom): Phi^-1(0.975)."""
 
 INCONCLUSIVE = "inconclusive, run more repeats"
 
@@ -43,53 +28,6 @@ INCONCLUSIVE = "inconclusive, run more repeats"
 # and a user-given MFU peak.
 _NOT_PLAN = ("out_dir", "name", "env", "features", "peak_tflops", "recipe_note",
              "recipe_source")
-
-
-def t_quantile_975(dof: int) -> float:
-    """t_{0.975, dof}: the table above, linear in 1/dof between its rows (the interpolation
-    the printed tables recommend; exact at every listed dof), the normal value beyond 120."""
-    if dof < 1:
-        raise ValueError(f"degrees of freedom {dof} must be at least 1")
-    if dof in T_975:
-        return T_975[dof]
-    rows = sorted(T_975)
-    if dof > rows[-1]:
-        lo, hi, t_lo, t_hi = rows[-1], math.inf, T_975[rows[-1]], Z_975
-    else:
-        hi = next(r for r in rows if r > dof)
-        lo = max(r for r in rows if r < dof)
-        t_lo, t_hi = T_975[lo], T_975[hi]
-    inv = lambda d: 0.0 if d == math.inf else 1.0 / d  # noqa: E731
-    frac = (inv(lo) - inv(dof)) / (inv(lo) - inv(hi))
-    return t_lo + frac * (t_hi - t_lo)
-
-
-@dataclass
-class Interval:
-    """n values: mean, sample standard deviation (n-1) and the 95% confidence interval of
-    the mean (Student t, n-1 degrees of freedom); no interval for a single value."""
-
-    n: int
-    mean: float
-    std: float | None
-    low: float | None
-    high: float | None
-
-    def to_dict(self) -> dict:
-        return {"n": self.n, "mean": self.mean, "std": self.std, "ci95_low": self.low,
-                "ci95_high": self.high}
-
-
-def interval(values: list[float]) -> Interval | None:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return None
-    mean = statistics.fmean(values)
-    if len(values) == 1:
-        return Interval(1, mean, None, None, None)
-    std = statistics.stdev(values)
-    half = t_quantile_975(len(values) - 1) * std / math.sqrt(len(values))
-    return Interval(len(values), mean, std, mean - half, mean + half)
 
 
 # --- which runs are repeats of one plan ---------------------------------------------------------
