@@ -232,9 +232,14 @@ class Trainer:
         self.telemetry = None
         from .straggler import StragglerMonitor, install_slow_hook, instrumented_steps
         install_slow_hook(self.model_parts, self.rank)
-        # A few steps time each rank's compute apart from its waits in collectives.
+        # A few steps time each rank's compute apart from its waits in collectives. Not
+        # with PP: a stage's send and its peer's are issued in one batch, and waiting for
+        # each where it is issued could leave both ranks waiting on their sends.
         steps = (instrumented_steps(self.step, self.total_steps, self.telemetry_window)
-                 if self.world_size > 1 else [])
+                 if self.world_size > 1 and not self.dims.pp_enabled else [])
+        if self.tracer.enabled:  # a trace keeps its collectives' own timing and overlap
+            traced = range(self.tracer.window[0] - 1, self.tracer.window[1] + 1)
+            steps = [s for s in steps if s not in traced]
         self.straggler = StragglerMonitor(
             self.device, self.rank, self.local_rank, steps, self.telemetry_window,
             stage=self.dims.coordinate("pp") if self.dims.pp_enabled else 0)
