@@ -40,9 +40,9 @@ def test_gpu_mfu_bench_runs_the_tiny_cpu_shape_and_prints_no_mfu(tmp_path):
         assert r["mfu_published_pct"] is None and r["mfu_causal_pct"] is None
         assert r["sdpa_backend"] == "flash (CPU, causal)"
         assert r["top_ops"], (run, dtype)
-        # The table row carries the same tokens/s and a dash for each MFU.
+        # The table row carries the same tokens/s and a dash for each MFU and the peak.
         row = next(line for line in lines if line.startswith(f"| {run} | {dtype} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[3] == f"{r['tokens_per_s']:,.0f}" and cells[5] == cells[7] == "-"
+        assert cells[3] == f"{r['tokens_per_s']:,.0f}" and cells[5] == cells[7] == cells[8] == "-"
     assert any(line.startswith("trainbench / HF tokens/s (bf16):") for line in lines)
     assert any(line.startswith("predict, trainbench bf16: no prediction") for line in lines)
