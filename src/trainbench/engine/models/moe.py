@@ -133,10 +133,14 @@ def _grouped_mm_available(x: torch.Tensor) -> bool:
 
 
 def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                   w2: torch.Tensor) -> torch.Tensor:
+                   w2: torch.Tensor, grouped_mm: bool | None = None) -> torch.Tensor:
     """SwiGLU of rows x [N, d] sorted by expert, expert e taking the next counts[e] rows:
-    (silu(x W1_e) * x W3_e) W2_e with W1, W3 [E, d, f] and W2 [E, f, d]."""
-    if _grouped_mm_available(x):
+    (silu(x W1_e) * x W3_e) W2_e with W1, W3 [E, d, f] and W2 [E, f, d].
+
+    `grouped_mm` forces one path (tests compare them); None picks by the device."""
+    if grouped_mm is None:
+        grouped_mm = _grouped_mm_available(x)
+    if grouped_mm:
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         gate = torch._grouped_mm(x, w1.to(x.dtype), offs=offs)
         up = torch._grouped_mm(x, w3.to(x.dtype), offs=offs)
