@@ -26,9 +26,10 @@ time is not charged while a rank waits for a core. Measured on the 2-core test m
 (tiny Llama, DP2, 2 instrumented steps): two identical ranks 0.9% apart; rank 1 given
 0.1 s more per microbatch (GA 2) 0.20 s/step more, as injected.
 The price: on an instrumented step, collectives do not overlap compute and the mode's
-Python runs for every op. Those steps are chosen after the results' window when the run
-has any (a 50-step run: 45-47), so the figures results report are untouched; a shorter
-run instruments the last steps of its window, and run.json says so.
+Python runs for every op: on the 2-core CPU a tiny DP2 step took 0.47 s instead of 0.28 s
+(TP2: 2.0 s instead of 1.25 s). So no step of the results' window is instrumented: the
+steps after it (a 50-step run: 45-47), else the warm steps before it (never a run's first
+step). A run with neither (fewer than 7 steps) is not measured, and its log says so.
 
 What was not used, and why: torch.distributed's per-collective timing
 (`Work._get_duration`, TORCH_NCCL_ENABLE_TIMING) and the NCCL flight recorder exist
@@ -57,13 +58,18 @@ _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
 def instrumented_steps(first: int, total: int, window: tuple[int, int]) -> list[int]:
-    """The iterations timed for stragglers: up to INSTRUMENTED_STEPS after the window
-    (iterations first..total-1 run; window in the same numbering), else the window's last."""
+    """The iterations timed for stragglers (the run covers first..total-1; the window is
+    in the same numbering): up to INSTRUMENTED_STEPS outside the window, those after it
+    first, then the latest before it but the run's first (its one-off costs differ per
+    rank). [] when there are none."""
     after = list(range(window[1] + 1, total))[:INSTRUMENTED_STEPS]
-    if after:
-        return after
-    return list(range(max(first, window[0], window[1] - INSTRUMENTED_STEPS + 1),
-                      window[1] + 1))
+    before = list(range(first + 1, window[0]))[-(INSTRUMENTED_STEPS - len(after)):]
+    return sorted(before + after) if len(after) < INSTRUMENTED_STEPS else after
+
+
+def not_measured(total_steps: int) -> str:
+    return (f"stragglers not measured: a run of {total_steps} steps has no step outside the "
+            "results' window to time (run 7 steps or more)")
 
 
 def parse_slow_rank(text: str | None) -> tuple[int, float] | None:
@@ -217,8 +223,7 @@ class StragglerMonitor:
         return gathered if self.rank == 0 else []
 
 
-def summarize(ranks: list[dict], probe_command: str, window: tuple[int, int] | None = None
-              ) -> dict:
+def summarize(ranks: list[dict], probe_command: str) -> dict:
     """The straggler verdict from every rank's records.
 
     Ranks are compared with the ranks doing the same work: those of one pipeline stage
@@ -238,8 +243,6 @@ def summarize(ranks: list[dict], probe_command: str, window: tuple[int, int] | N
     out = {"method": METHOD,
            "steps": steps, "threshold_pct": THRESHOLD_PCT, "ranks": per_rank,
            "groups": [], "slowest": None, "flagged": False}
-    if window is not None:
-        out["inside_window"] = any(window[0] <= s <= window[1] for s in steps)
     worst = None
     for stage in sorted({r["stage"] for r in per_rank}):
         members = [r for r in per_rank if r["stage"] == stage and r["median_compute_s"]]

@@ -230,13 +230,16 @@ class Trainer:
         start, end = default_window(self.plan.steps)
         self.telemetry_window = (self.step + start, self.step + end)
         self.telemetry = None
-        from .straggler import StragglerMonitor, install_slow_hook, instrumented_steps
+        from .straggler import (StragglerMonitor, install_slow_hook, instrumented_steps,
+                                not_measured)
         install_slow_hook(self.model_parts, self.rank)
         # A few steps time each rank's compute apart from its waits in collectives. Not
         # with PP: a stage's send and its peer's are issued in one batch, and waiting for
         # each where it is issued could leave both ranks waiting on their sends.
         steps = (instrumented_steps(self.step, self.total_steps, self.telemetry_window)
                  if self.world_size > 1 and not self.dims.pp_enabled else [])
+        if not steps and self.world_size > 1 and not self.dims.pp_enabled:
+            self.log(f"trainbench: {not_measured(self.plan.steps)}")
         if self.tracer.enabled:  # a trace keeps its collectives' own timing and overlap
             traced = range(self.tracer.window[0] - 1, self.tracer.window[1] + 1)
             steps = [s for s in steps if s not in traced]
@@ -499,7 +502,7 @@ class Trainer:
             return
         p = self.plan
         summary = summarize(ranks, probe_command(p.gpus, p.gpu_type, p.num_nodes,
-                                                 p.gpus_per_node), self.telemetry_window)
+                                                 p.gpus_per_node))
         path = self.exp_dir / RUN_FILE
         info = json.loads(path.read_text())
         info["straggler"] = summary
