@@ -243,6 +243,96 @@ def test_deepseek_v3_layout_dense_then_moe():
     assert len(moe_layers(model)) == DSV3_TINY.layers - DSV3_TINY.first_dense_layers
 
 
+# ----------------------------------------------------- Hugging Face parity (fp32)
+
+
+def _experts_from_hf(sd: dict, prefix: str, ours: str, f: int) -> dict:
+    """HF's fused experts (gate_up [E, 2f, d], down [E, d, f]) -> w1, w3 [E, d, f], w2 [E, f, d]."""
+    gate_up = sd[prefix + "experts.gate_up_proj"]
+    return {f"{ours}.w1": gate_up[:, :f].transpose(1, 2), f"{ours}.w3": gate_up[:, f:].transpose(1, 2),
+            f"{ours}.w2": sd[prefix + "experts.down_proj"].transpose(1, 2),
+            f"{ours}.router.weight": sd[prefix + "gate.weight"]}
+
+
+def _compare_logits(ours: torch.nn.Module, hf: torch.nn.Module, mapped: dict) -> torch.Tensor:
+    ours.load_state_dict(mapped, strict=True)
+    ours.eval()
+    tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits = ours(tokens)
+        torch.testing.assert_close(logits, hf(tokens).logits, rtol=0, atol=1e-5)
+    return logits
+
+
+def test_qwen3_moe_logits_match_hugging_face():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(6)
+    spec = replace(QWEN_TINY, layers=2)
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, moe_intermediate_size=32,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False,
+        rope_theta=spec.rope_base, rms_norm_eps=spec.norm_eps, initializer_range=0.2,
+        attn_implementation="eager", max_position_embeddings=4096)
+    hf = transformers.Qwen3MoeForCausalLM(config).float().eval()
+    sd = hf.state_dict()
+    mapped = {"tok_embeddings.weight": sd["model.embed_tokens.weight"],
+              "norm.weight": sd["model.norm.weight"], "output.weight": sd["lm_head.weight"]}
+    names = {"attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+             "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
+             "attention.q_norm": "self_attn.q_norm", "attention.k_norm": "self_attn.k_norm",
+             "attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+    for i in range(2):
+        for ours, theirs in names.items():
+            mapped[f"layers.{i}.{ours}.weight"] = sd[f"model.layers.{i}.{theirs}.weight"]
+        mapped.update(_experts_from_hf(sd, f"model.layers.{i}.mlp.", f"layers.{i}.moe", 32))
+        mapped[f"layers.{i}.moe.expert_bias"] = torch.zeros(8)
+    _compare_logits(build_model(spec), hf, mapped)
+
+
+def test_deepseek_v3_logits_match_hugging_face_with_a_selection_bias():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(7)
+    spec = replace(DSV3_TINY, layers=2)
+    config = transformers.DeepseekV3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=192, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+        n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=32,
+        qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=4, topk_group=2,
+        num_experts_per_tok=2, first_k_dense_replace=1, tie_word_embeddings=False,
+        # Halves rotated, as trainbench does; the released weights pair interleaved dims.
+        rope_interleave=False, rms_norm_eps=spec.norm_eps, initializer_range=0.2,
+        attn_implementation="eager")
+    hf = transformers.DeepseekV3ForCausalLM(config).float().eval()
+    bias = torch.randn(8) * 0.3
+    hf.model.layers[1].mlp.gate.e_score_correction_bias.copy_(bias)
+    sd = hf.state_dict()
+    mapped = {"tok_embeddings.weight": sd["model.embed_tokens.weight"],
+              "norm.weight": sd["model.norm.weight"], "output.weight": sd["lm_head.weight"]}
+    names = {"attention.wq_a": "self_attn.q_a_proj", "attention.q_norm": "self_attn.q_a_layernorm",
+             "attention.wq_b": "self_attn.q_b_proj",
+             "attention.wkv_a": "self_attn.kv_a_proj_with_mqa",
+             "attention.kv_norm": "self_attn.kv_a_layernorm", "attention.wkv_b": "self_attn.kv_b_proj",
+             "attention.wo": "self_attn.o_proj", "attention_norm": "input_layernorm",
+             "mlp_norm": "post_attention_layernorm"}
+    swiglu = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+    for i in range(2):
+        for ours, theirs in names.items():
+            mapped[f"layers.{i}.{ours}.weight"] = sd[f"model.layers.{i}.{theirs}.weight"]
+    for ours, theirs in swiglu.items():  # layer 0: dense
+        mapped[f"layers.0.mlp.{ours}.weight"] = sd[f"model.layers.0.mlp.{theirs}.weight"]
+        mapped[f"layers.1.mlp.shared.{ours}.weight"] = sd[
+            f"model.layers.1.mlp.shared_experts.{theirs}.weight"]
+    mapped.update(_experts_from_hf(sd, "model.layers.1.mlp.", "layers.1.mlp", 32))
+    mapped["layers.1.mlp.expert_bias"] = bias
+    model = build_model(spec)
+    logits = _compare_logits(model, hf, mapped)
+    model.layers["1"].mlp.expert_bias.zero_()  # the bias really decides the routing
+    with torch.no_grad():
+        tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(5))
+        assert not torch.allclose(model(tokens), logits, atol=1e-4)
+
+
 # ------------------------------------------------------------- parameter counts
 
 
