@@ -162,7 +162,8 @@ def test_below_the_threshold_results_name_nobody(slowed_dp2, tmp_path):
 def test_tp2_slowed_rank_is_named(tmp_path):
     """Under TP the ranks meet in every layer's collectives, forward and backward. A
     7-step run: its only step outside the window 2-6 is step 1."""
-    exp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2 mbs=1 gbs=2 seq_len=64", steps=7, env=SLOW)
+    exp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2 mbs=1 gbs=2 seq_len=64",
+                steps=7, env=SLOW)
     record, by_rank = rank_records(exp)
     assert record["steps"] == [1]
     assert record["flagged"] is True and record["slowest"]["rank"] == 1
