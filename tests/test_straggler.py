@@ -171,3 +171,14 @@ def test_tp2_slowed_rank_is_named(tmp_path):
     gap = by_rank[1]["median_compute_s"] - by_rank[0]["median_compute_s"]
     assert 0.15 < gap < 0.3, gap
 
+
+
+def test_a_bad_slow_rank_hook_is_refused_before_anything_starts(tmp_path):
+    for value, says in (("1:x", "is not RANK:SECONDS"), ("2:0.1", "names rank 2 of a 2-rank")):
+        res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--scale", "2", "--gpu",
+                      "cpu", "--steps", "7", root=tmp_path / "root",
+                      env={"TRAINBENCH_SLOW_RANK": value})
+        assert res.returncode == 2
+        (line,) = res.stderr.strip().splitlines()
+        assert line.startswith("trainbench: error: TRAINBENCH_SLOW_RANK=") and says in line
+        assert not (tmp_path / "root").exists()  # no experiment directory, no job row

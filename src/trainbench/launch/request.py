@@ -202,6 +202,15 @@ def plan_run(req: RunRequest) -> PlannedRun:
     if req.scale < 1:
         raise RunRequestError(f"--scale {req.scale}: the scale is the number of ranks (GPUs, or "
                               "processes on a CPU) and must be at least 1")
+    from ..engine.straggler import SLOW_RANK_ENV, parse_slow_rank
+    try:  # the straggler test hook: a typo fails here, before any rank starts
+        slow = parse_slow_rank(os.environ.get(SLOW_RANK_ENV))
+    except ValueError as err:
+        raise RunRequestError(str(err)) from None
+    if slow is not None and slow[0] >= req.scale:
+        raise RunRequestError(f"{SLOW_RANK_ENV}={os.environ[SLOW_RANK_ENV]} names rank "
+                              f"{slow[0]} of a {req.scale}-rank run; use a rank below "
+                              f"{req.scale} or unset it")
     profile, start, stop = _profile_window(req)
     steps = req.steps
     if steps is None:
