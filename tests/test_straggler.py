@@ -85,7 +85,7 @@ def test_instrumented_steps_lie_outside_the_window():
 def test_slow_rank_hook_and_probe_command_parsing():
     assert parse_slow_rank("1:0.05") == (1, 0.05)
     assert parse_slow_rank(None) is None and parse_slow_rank("") is None
-    for bad in ("1", "a:0.1", "1:x", "-1:0.1", "1:-2", "1:nan"):
+    for bad in ("1", "a:0.1", "1:x", "-1:0.1", "1:-2", "1:nan", "1:inf", "1:0.1:2"):
         with pytest.raises(ValueError, match="TRAINBENCH_SLOW_RANK"):
             parse_slow_rank(bad)
     assert probe_command(16, "h100", 2, 8) == \

@@ -43,6 +43,7 @@ step (outside any timed region); rank 0 writes run.json's `straggler` and logs a
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
@@ -81,8 +82,9 @@ def parse_slow_rank(text: str | None) -> tuple[int, float] | None:
         parsed = int(rank), float(seconds)
     except ValueError:
         raise ValueError(f"{SLOW_RANK_ENV}={text!r} is not RANK:SECONDS (e.g. 1:0.05)") from None
-    if parsed[0] < 0 or not parsed[1] >= 0:
-        raise ValueError(f"{SLOW_RANK_ENV}={text!r}: rank and seconds must be >= 0")
+    if parsed[0] < 0 or not 0 <= parsed[1] < math.inf:
+        raise ValueError(f"{SLOW_RANK_ENV}={text!r}: the rank and the seconds must be >= 0 "
+                         "and finite (e.g. 1:0.05)")
     return parsed
 
 
