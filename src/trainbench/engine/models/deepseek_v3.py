@@ -33,10 +33,9 @@ from trainbench.engine.models.moe import INIT_STD, MoE, moe_layers
 from trainbench.engine.models.transformer import (
     MLP,
     RMSNorm,
+    Transformer,
     apply_rotary,
     build_norm,
-    init_trunk_weights,
-    rope_cos_sin,
 )
 
 
@@ -123,47 +122,29 @@ class DeepSeekV3Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class DeepSeekV3(nn.Module):
+class DeepSeekV3(Transformer):
     """Token embedding, `first_dense_layers` dense blocks then MoE blocks, final norm,
-    untied output head. No multi-token prediction module."""
+    untied output head: the Transformer trunk with MLA blocks. No multi-token prediction
+    module."""
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
+    @staticmethod
+    def check_spec(spec: ModelSpec) -> None:
         if not spec.is_moe or not spec.is_mla:
             raise ValueError(f"DeepSeekV3 needs experts and MLA dims; {spec.name} has "
                              f"{spec.n_routed_experts} experts, kv_lora_rank {spec.kv_lora_rank}")
-        self.spec = spec
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
-        self.layers = nn.ModuleDict({
-            str(i): DeepSeekV3Block(spec, dense=i < spec.first_dense_layers)
-            for i in range(spec.layers)})
-        self.norm: nn.Module | None = build_norm(spec)
-        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
-        self.register_buffer("rope_inv_freq", mla_rope_frequencies(spec), persistent=False)
-        self.init_weights()
 
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """(Re)initialise every parameter, buffer and the RoPE table in place."""
-        self.rope_inv_freq.copy_(mla_rope_frequencies(self.spec, device=self.rope_inv_freq.device))
-        init_trunk_weights(self, self.spec.layers)
+    @staticmethod
+    def make_block(spec: ModelSpec, index: int) -> nn.Module:
+        return DeepSeekV3Block(spec, dense=index < spec.first_dense_layers)
 
-    def forward(self, tokens_or_hidden: torch.Tensor,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens [b, s] (or hidden states) -> logits [b, s, vocab] (hidden if no head)."""
+    @staticmethod
+    def rope_table(spec: ModelSpec, device: torch.device | None = None) -> torch.Tensor:
+        return mla_rope_frequencies(spec, device=device)
+
+    def before_blocks(self) -> None:
         if self.training:
             # Auxiliary-loss-free balancing: the previous forward's expert load moves the
             # selection bias now, before any block runs, so a recomputed block (activation
             # checkpointing) routes exactly as its first forward did.
             for moe in moe_layers(self):
                 moe.update_bias()
-        h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None \
-            else tokens_or_hidden
-        if positions is None:
-            positions = torch.arange(h.shape[1], device=h.device)
-        rope = rope_cos_sin(self.rope_inv_freq, positions)
-        for layer in self.layers.values():
-            h = layer(h, rope)
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.output(h) if self.output is not None else h

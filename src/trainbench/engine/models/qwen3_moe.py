@@ -17,11 +17,9 @@ from trainbench.engine.models.moe import MoE, moe_layers
 from trainbench.engine.models.transformer import (
     Attention,
     RMSNorm,
+    Transformer,
     apply_rotary,
     build_norm,
-    init_trunk_weights,
-    rope_cos_sin,
-    rope_frequencies,
 )
 
 
@@ -70,44 +68,23 @@ class Qwen3MoEBlock(nn.Module):
         return x + self.moe(self.mlp_norm(x))
 
 
-class Qwen3MoE(nn.Module):
-    """Token embedding, `spec.layers` MoE blocks, final norm, untied output head."""
+class Qwen3MoE(Transformer):
+    """Token embedding, `spec.layers` MoE blocks, final norm, untied output head: the
+    Transformer trunk with Qwen3's blocks."""
 
-    def __init__(self, spec: ModelSpec):
-        super().__init__()
+    @staticmethod
+    def check_spec(spec: ModelSpec) -> None:
         if not spec.is_moe or not spec.qk_norm:
             raise ValueError(f"Qwen3MoE needs experts and QK-norm; {spec.name} has "
                              f"{spec.n_routed_experts} experts, qk_norm={spec.qk_norm}")
-        self.spec = spec
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Qwen3MoEBlock(spec) for i in range(spec.layers)})
-        self.norm: nn.Module | None = build_norm(spec)
-        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
-        self.register_buffer("rope_inv_freq", rope_frequencies(spec), persistent=False)
-        self.init_weights()
 
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        """(Re)initialise every parameter, buffer and the RoPE table in place (a no-op on
-        meta tensors); residual output projections scaled by the depth as in transformer.py."""
-        self.rope_inv_freq.copy_(rope_frequencies(self.spec, device=self.rope_inv_freq.device))
-        init_trunk_weights(self, self.spec.layers)
+    @staticmethod
+    def make_block(spec: ModelSpec, index: int) -> nn.Module:
+        return Qwen3MoEBlock(spec)
 
-    def forward(self, tokens_or_hidden: torch.Tensor,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Tokens [b, s] (or hidden states) -> logits [b, s, vocab] (hidden if no head)."""
+    def before_blocks(self) -> None:
         if self.training:
             # The load seen by the previous forward moves the selection bias (a no-op for
             # Qwen3, which has none); done here so a recomputed block sees the same bias.
             for moe in moe_layers(self):
                 moe.update_bias()
-        h = self.tok_embeddings(tokens_or_hidden) if self.tok_embeddings is not None \
-            else tokens_or_hidden
-        if positions is None:
-            positions = torch.arange(h.shape[1], device=h.device)
-        rope = rope_cos_sin(self.rope_inv_freq, positions)
-        for layer in self.layers.values():
-            h = layer(h, rope)
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.output(h) if self.output is not None else h

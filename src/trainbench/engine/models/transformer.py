@@ -259,23 +259,43 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Token embedding, `spec.layers` blocks, final norm, untied output head."""
+    """Token embedding, `spec.layers` blocks, final norm, untied output head.
+
+    The decoder trunk every attention model here shares: Qwen3 MoE and DeepSeek-V3
+    subclass it with their own blocks (`make_block`), RoPE table (`rope_table`) and what
+    happens before the blocks run (`before_blocks`)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
+        self.check_spec(spec)
+        self.spec = spec
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
+        # Keyed by global index, so a pipeline stage that drops layers keeps the names.
+        self.layers = nn.ModuleDict({str(i): self.make_block(spec, i)
+                                     for i in range(spec.layers)})
+        self.norm: nn.Module | None = build_norm(spec)
+        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        # Not persistent: derived from the spec, recomputed by init_weights after to_empty.
+        self.register_buffer("rope_inv_freq", self.rope_table(spec), persistent=False)
+        self.init_weights()
+
+    @staticmethod
+    def check_spec(spec: ModelSpec) -> None:
         if spec.position_embedding != "rope":
             raise ValueError(
                 f"Transformer needs RoPE, {spec.name} has position_embedding "
                 f"{spec.position_embedding!r}")
-        self.spec = spec
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden)
-        # Keyed by global index, so a pipeline stage that drops layers keeps the names.
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.layers)})
-        self.norm: nn.Module | None = build_norm(spec)
-        self.output: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
-        # Not persistent: derived from the spec, recomputed by init_weights after to_empty.
-        self.register_buffer("rope_inv_freq", rope_frequencies(spec), persistent=False)
-        self.init_weights()
+
+    @staticmethod
+    def make_block(spec: ModelSpec, index: int) -> nn.Module:
+        return TransformerBlock(spec)
+
+    @staticmethod
+    def rope_table(spec: ModelSpec, device: torch.device | None = None) -> torch.Tensor:
+        return rope_frequencies(spec, device=device)
+
+    def before_blocks(self) -> None:
+        """Called at the start of every forward (the MoE models move their routing bias)."""
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -286,7 +306,7 @@ class Transformer(nn.Module):
         so the residual stream's variance does not grow with depth (GPT-2). Uses the
         global model depth, so every pipeline stage initialises its layers alike.
         """
-        self.rope_inv_freq.copy_(rope_frequencies(self.spec, device=self.rope_inv_freq.device))
+        self.rope_inv_freq.copy_(self.rope_table(self.spec, device=self.rope_inv_freq.device))
         init_trunk_weights(self, self.spec.layers)
 
     def forward(
@@ -298,6 +318,7 @@ class Transformer(nn.Module):
         `positions` ([s] or [b, s]) are the tokens' positions in the full sequence;
         None means 0..s-1.
         """
+        self.before_blocks()
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens_or_hidden)
         else:
