@@ -61,7 +61,11 @@ def new_experiment_dir(root: str | Path, name: str) -> Path:
     The timestamp has second resolution like the seeds' `date +%s`; runs started in the
     same second get a numeric suffix instead of sharing a directory.
     """
-    parent = Path(root) / "experiments" / name
+    return new_stamped_dir(Path(root) / "experiments" / name, name)
+
+
+def new_stamped_dir(parent: Path, name: str) -> Path:
+    """Create `<parent>/<name>_<timestamp>[-n]`, a name no earlier directory holds."""
     parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
@@ -71,7 +75,7 @@ def new_experiment_dir(root: str | Path, name: str) -> Path:
             return candidate
         except FileExistsError:
             continue
-    raise RuntimeError(f"could not create a new experiment directory under {parent}")
+    raise RuntimeError(f"could not create a new directory under {parent}")
 
 
 # --- the local launcher's identity ------------------------------------------------------------

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ..launch.experiment import new_stamped_dir
 from ..launch.slurm import SlurmOptions
 from . import profile as P
 
@@ -206,17 +207,10 @@ def _local_problem(plan: dict) -> str | None:
 
 def new_probe_dir(root: Path, name: str) -> Path:
     """A fresh `<root>/probes/<name>_<timestamp>[-n]`; an existing one is never reused."""
-    parent = Path(root) / "probes"
-    parent.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1000):
-        candidate = parent / (f"{name}_{stamp}" + (f"-{n}" if n else ""))
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            continue
-    raise P.ProbeError(f"could not create a new probe directory under {parent}")
+    try:
+        return new_stamped_dir(Path(root) / "probes", name)
+    except RuntimeError as err:
+        raise P.ProbeError(str(err)) from None
 
 
 def create_probe_dir(planned: PlannedProbe) -> Path:
