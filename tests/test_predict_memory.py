@@ -137,3 +137,25 @@ def test_fp8_weight_cache_allowance_and_capacity():
     ctx = make_context(plan("pretrain_llama3.1", "70b", "bf16", 64))
     last = rank_memory(ctx, 3)
     assert last.logits > 0 and rank_memory(ctx, 0).logits == 0  # only the last stage has them
+
+
+def test_engine_loss_memory_follows_its_chunked_loss():
+    """Llama 3.1 8B on 8 GPUs: TP1 CP2, MBS 1, seq 8192, so 4,096 tokens a rank, vocabulary
+    128,256, bf16: 525.3M logits. The recipe's vocabulary-parallel loss holds 10 B per
+    logit: 4.89 GiB. The engine's chunked loss (TP1) holds the bf16 logits and their bf16
+    gradient (4 B per logit: 1.96 GiB) and one chunk's fp32 copy, softmax and gradient
+    (3 x 4 B x 2^27 = 1.5 GiB): 3.46 GiB."""
+    from trainbench.engine.loss import CHUNK_ELEMENTS
+    from trainbench.predict.work import LOSS_CHUNK_ELEMENTS
+    assert LOSS_CHUNK_ELEMENTS == CHUNK_ELEMENTS  # predict stays torch-free: a copy, checked
+    p = plan("pretrain_llama3.1", "8b", "bf16", 8)
+    assert (p.layout.tp, p.layout.cp, p.mbs, p.seq_len, p.model.vocab_size) == (
+        1, 2, 1, 8192, 128256)
+    recipe = predict_memory(p, sharding="recipe")
+    engine = predict_memory(p, sharding="engine")
+    assert recipe.logits / GIB == pytest.approx(4.89, abs=0.01)
+    assert engine.logits / GIB == pytest.approx(1.96 + 1.5, abs=0.01)
+    # Under TP the engine's loss is vocabulary-parallel, as the recipe's.
+    tp2 = plan("pretrain_llama3.1", "8b", "bf16", 8, tp=2, cp=1, dp=4)
+    assert predict_memory(tp2, sharding="engine").logits == pytest.approx(
+        predict_memory(tp2, sharding="recipe").logits)

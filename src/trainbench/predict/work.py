@@ -225,11 +225,24 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
     raise ValueError(f"unknown layer kind {kind!r}; kinds: {', '.join(KINDS)}")
 
 
-def logits_bytes(m: ModelSpec, sh: Shape) -> float:
+LOSS_CHUNK_ELEMENTS = 2 ** 27
+"""fp32 logits one chunk of the engine's chunked loss holds (engine/loss.py's
+CHUNK_ELEMENTS; a test keeps the two equal, this module stays free of torch)."""
+
+
+def logits_bytes(m: ModelSpec, sh: Shape, engine: bool = False) -> float:
     """Peak memory of the loss on the last stage: bf16 logits (2 B), the fp32 softmax kept
     for the backward (4 B) and the fp32 gradient it becomes (4 B) per logit (Megatron-LM's
-    vocabulary-parallel cross-entropy)."""
-    return 10.0 * sh.tokens * m.vocab_size / sh.tp
+    vocabulary-parallel cross-entropy).
+
+    trainbench's engine without TP cuts the loss into checkpointed chunks once the logits
+    exceed one chunk (engine/loss.py): then only the logits and their gradient, in the
+    compute dtype, are whole, and the fp32 copy, softmax and gradient exist for one chunk
+    at a time."""
+    logits = sh.tokens * m.vocab_size / sh.tp
+    if engine and sh.tp == 1 and logits > LOSS_CHUNK_ELEMENTS:
+        return 2.0 * sh.act_bytes * logits + 12.0 * LOSS_CHUNK_ELEMENTS
+    return 10.0 * logits
 
 
 def block_kinds(m: ModelSpec) -> list[tuple[str, ...]]:
