@@ -426,8 +426,9 @@ def test_tiny_model_trains_to_a_falling_loss(spec):
 
 
 def test_expert_parallel_and_unsupported_layouts_are_refused():
-    with pytest.raises(PlanError, match="expert parallelism is not implemented yet"):
-        build_plan("pretrain_qwen3", "tiny", "fp32", 2, "cpu", overrides={"ep": 2, "dp": 2})
+    with pytest.raises(PlanError, match="ep=2 does not divide dp=1"):
+        build_plan("pretrain_qwen3", "tiny", "fp32", 2, "cpu", overrides={"ep": 2, "dp": 1,
+                                                                          "pp": 2})
     with pytest.raises(PlanError, match="supports only data parallelism"):
         build_plan("pretrain_deepseek_v3", "tiny", "fp32", 2, "cpu", overrides={"tp": 2})
     with pytest.raises(PlanError, match="no recipe for pretrain_deepseek_v3 671b"):

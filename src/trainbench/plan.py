@@ -43,7 +43,7 @@ class Layout:
     cp: int = 1
     """Context parallel degree (sequence split across ranks)."""
     ep: int = 1
-    """Expert parallel degree (no seed model has experts; kept for the tables)."""
+    """Expert parallel degree: ranks borrowed from dp that split the routed experts."""
     dp: int = 1
     """Data parallel degree (FSDP2 shards parameters over it)."""
     vp: int = 1
@@ -447,7 +447,17 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
             p.append(f"{plan.workload} has Mamba layers, which have no context parallelism; "
                      "use cp=1")
     if lay.ep > 1:
-        p.append(f"expert parallelism is not implemented yet (ep={lay.ep}); use ep=1")
+        # EP borrows data-parallel ranks (torchtitan's composition): each group of ep
+        # data ranks splits the routed experts among themselves.
+        if not m.is_moe:
+            p.append(f"{plan.workload} has no experts; expert parallelism (ep={lay.ep}) "
+                     "applies to MoE workloads only; use ep=1")
+        elif lay.dp % lay.ep:
+            p.append(f"ep={lay.ep} does not divide dp={lay.dp}: expert parallelism borrows "
+                     "data-parallel ranks; use an ep that divides dp")
+        elif m.n_routed_experts % lay.ep:
+            p.append(f"{m.n_routed_experts} routed experts do not split over ep={lay.ep}; "
+                     "use an ep that divides the expert count")
     if m.is_moe:
         # Only data parallelism (FSDP over whole experts) has been run on the MoE models.
         for key in ("tp", "pp", "cp"):

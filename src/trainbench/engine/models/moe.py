@@ -10,8 +10,8 @@ expert so that each expert multiplies one contiguous block of rows: with
 `torch._grouped_mm` on a CUDA GPU that has it, one grouped GEMM per projection; on any
 other device a loop over the experts (the same arithmetic, expert by expert).
 
-Nothing in here knows of parallelism (no expert parallelism yet: every rank holds every
-expert). The balance loss is not returned through `forward` (which keeps the common
+Nothing in here knows of parallelism: expert parallelism replaces `compute_experts`
+from engine/parallel/ep.py. The balance loss is not returned through `forward` (which keeps the common
 block signature): each MoE layer adds its gradient in backward (Megatron-LM's
 "aux loss auto scaler" pattern), so the trainer's loss code is the same for every model,
 and keeps the value in `last_aux_loss` for whoever wants to log it.
@@ -216,6 +216,11 @@ class MoE(nn.Module):
             self.expert_bias += gamma * torch.sign(self.expert_load.mean() - self.expert_load)
         self.expert_load.zero_()
 
+    def compute_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Routed experts on rows sorted by expert (counts [E]); the hook that expert
+        parallelism (engine/parallel/ep.py) replaces with its dispatch and combine."""
+        return grouped_swiglu(rows, counts, self.w1, self.w3, self.w2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
         tokens = x.reshape(-1, h)
@@ -228,7 +233,7 @@ class MoE(nn.Module):
         # Sort the T*k (token, slot) pairs by expert: each expert's rows become contiguous.
         order = torch.argsort(flat_ids, stable=True)
         token_of = order // k
-        expert_out = grouped_swiglu(tokens[token_of], counts, self.w1, self.w3, self.w2)
+        expert_out = self.compute_experts(tokens[token_of], counts)
         gate = weights.flatten()[order].unsqueeze(-1).to(expert_out.dtype)
         out = torch.zeros_like(tokens, dtype=expert_out.dtype).index_add_(
             0, token_of, expert_out * gate)

@@ -68,6 +68,9 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     if dims.cp_enabled:
         from .cp import apply_context_parallel
         apply_context_parallel(model, dims["cp"])
+    if dims.ep_enabled:
+        from .ep import apply_expert_parallel
+        apply_expert_parallel(model, dims["ep"], dims["dp"].get_group())
     apply_activation_checkpointing(model, plan.recompute)
     if plan.compile:
         apply_compile(model)
@@ -77,7 +80,8 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     # FSDP wraps the model on a one-rank dp_cp mesh too (TP-only or PP-only layouts), so
     # every multi-rank layout runs the same mixed-precision code path.
     apply_fsdp(model, dims["dp_cp"], compute_dtype,
-               reshard_after_forward=not dims.pp_enabled)
+               reshard_after_forward=not dims.pp_enabled,
+               expert_dp=(dims["dp_mod_ep"], dims.dp) if dims.ep_enabled else None)
     return model
 
 
@@ -104,5 +108,10 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,
     if pp_mesh is not None:
         dist.all_reduce(total_sq, op=dist.ReduceOp.SUM, group=pp_mesh.get_group())
     total = total_sq.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    # One call per mesh: a foreach kernel cannot mix DTensors of different meshes
+    # (expert parallelism puts the routed experts on their own).
+    for mesh in by_mesh:
+        torch.nn.utils.clip_grads_with_norm_(
+            [p for p in params if getattr(p.grad, "device_mesh", None) == mesh],
+            max_norm, total, foreach=True)
     return total

@@ -22,7 +22,8 @@ def fp32_units(module: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
-               reshard_after_forward: bool = True) -> nn.Module:
+               reshard_after_forward: bool = True, expert_dp: tuple | None = None
+               ) -> nn.Module:
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     # Its inputs keep the dtype they come in (bf16 activations): only the parameters are
     # gathered in fp32, and the module computes in fp32 where it reads them.
@@ -34,6 +35,9 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
     layers = getattr(model, "layers", None)
     if layers is not None:
         for block in layers.values():
+            if expert_dp is not None:  # (dp_mod_ep mesh, dp): see ep.py
+                from .ep import fully_shard_experts
+                fully_shard_experts(block, mesh, *expert_dp, policy, reshard_after_forward)
             fully_shard(block, mesh=mesh, mp_policy=policy,
                         reshard_after_forward=reshard_after_forward)
     # The root unit holds the embedding, final norm and output head. Its parameters are

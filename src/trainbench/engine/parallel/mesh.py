@@ -24,16 +24,20 @@ class ParallelDims:
     cp: int
     tp: int
     world_size: int
+    ep: int = 1
 
     def __post_init__(self) -> None:
         product = self.pp * self.dp * self.cp * self.tp
         if product != self.world_size:
             raise ValueError(f"PP*DP*CP*TP = {product} but the world has {self.world_size} ranks")
+        if self.dp % self.ep:
+            raise ValueError(f"EP={self.ep} must divide DP={self.dp}: EP borrows data ranks")
         self.mesh: DeviceMesh | None = None
 
     @classmethod
     def from_layout(cls, layout: Layout, world_size: int) -> "ParallelDims":
-        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, world_size=world_size)
+        return cls(pp=layout.pp, dp=layout.dp, cp=layout.cp, tp=layout.tp, world_size=world_size,
+                   ep=layout.ep)
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
         self.mesh = init_device_mesh(device_type, (self.pp, self.dp, self.cp, self.tp),
@@ -44,6 +48,15 @@ class ParallelDims:
         # A parameter under FSDP and TP lives on (dp_cp, tp); with this flattened twin
         # DTensor reduces it (the gradient norm) in one collective instead of two.
         self.mesh["dp", "cp", "tp"]._flatten(mesh_dim_name="dp_cp_tp")
+        self.ep_mesh = None
+        if self.ep_enabled:
+            # The same ranks with dp split into (dp/ep, ep), ep fastest: an expert group is
+            # ep neighbouring data ranks; the routed experts are FSDP-sharded over the
+            # dp/ep ranks that hold the same experts. Both dims of one root mesh, as FSDP
+            # wants for a parameter that is also a DTensor over another dim.
+            self.ep_mesh = init_device_mesh(
+                device_type, (self.pp, self.dp // self.ep, self.ep, self.cp, self.tp),
+                mesh_dim_names=("pp", "dp_mod_ep", "ep", "cp", "tp"))
         return self.mesh
 
     def __getitem__(self, name: str) -> DeviceMesh:
@@ -51,6 +64,8 @@ class ParallelDims:
             raise RuntimeError("build_mesh() first")
         if name == "dp_cp":
             return self.dp_cp_mesh
+        if name in ("ep", "dp_mod_ep"):
+            return self.ep_mesh[name]
         return self.mesh[name]
 
     def coordinate(self, name: str) -> int:
@@ -68,6 +83,10 @@ class ParallelDims:
     @property
     def tp_enabled(self) -> bool:
         return self.tp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
 
     @property
     def cp_enabled(self) -> bool:

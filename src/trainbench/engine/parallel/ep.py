@@ -1,0 +1,151 @@
+"""Expert parallelism: each of the `ep` ranks of an expert group holds E/ep routed experts.
+
+EP borrows its ranks from data parallelism (torchtitan's composition): the dp ranks are
+split into dp/ep groups of ep neighbours. Every rank routes its own tokens, sends each
+token slot to the rank that holds its expert (`all_to_all_single`, dropless: the split
+sizes are exchanged first, then the rows), computes its local experts with the same
+grouped path as one process, and sends the results back (the reverse all-to-all). The
+autograd Function below runs the reverse exchange in backward, so gradients follow
+the tokens home.
+
+Parameters: the router, attention and shared expert stay FSDP-sharded over all of dp as
+without EP. The routed experts are DTensors sharded on dim 0 over `ep`, then
+FSDP-sharded over the remaining dp/ep ranks (`dp_mod_ep`, a one-rank mesh when ep = dp).
+Their gradient on a rank already sums the contributions of the ep ranks whose tokens it
+served, so FSDP's reduce-scatter over dp_mod_ep completes the sum over all dp ranks;
+dividing it by dp (not dp/ep) makes it the same mean as every other parameter's.
+
+The model code only offers the hook: `MoE.compute_experts(rows, counts)`, replaced here
+per layer, as context parallelism replaces `attend`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+EXPERT_WEIGHTS = ("w1", "w3", "w2")
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows x go out in `send` sized blocks (one per rank of `group`) and `recv` sized
+    blocks come in; backward sends the gradients back along the same routes."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
+                               input_split_sizes=send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        back = grad.new_empty((sum(ctx.send),) + tuple(grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=ctx.send,
+                               input_split_sizes=ctx.recv, group=ctx.group)
+        return back, None, None, None
+
+
+def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    return _AllToAll.apply(x, send, recv, group)
+
+
+def dispatch_compute_combine(rows: torch.Tensor, counts: torch.Tensor, experts, group,
+                             ep: int) -> torch.Tensor:
+    """Rows [N, d] sorted by global expert id (counts [E] per expert) -> expert outputs
+    [N, d] in the same order, the experts living on the ep ranks of `group` (rank r holds
+    experts r*E/ep ... (r+1)*E/ep - 1). `experts(rows, local_counts)` computes this
+    rank's experts on rows sorted by local expert."""
+    n_local = counts.numel() // ep
+    # Rows for rank r are contiguous: they are sorted by expert and r's experts are a block.
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts.contiguous(), group=group)
+    per_source = received.view(ep, n_local)  # [source rank, local expert]
+    send = counts.view(ep, n_local).sum(1).tolist()
+    recv = per_source.sum(1).tolist()
+    inbound = all_to_all(rows, send, recv, group)
+    # Inbound rows come grouped by source, then by expert: regroup them by expert.
+    local_expert = torch.repeat_interleave(
+        torch.arange(n_local, device=rows.device).repeat(ep), per_source.flatten())
+    order = torch.argsort(local_expert, stable=True)
+    out = experts(inbound[order], per_source.sum(0))
+    out = out[torch.argsort(order)]
+    return all_to_all(out, recv, send, group)
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    return w.to_local() if isinstance(w, DTensor) else w
+
+
+def _ep_compute(moe: nn.Module, group, ep: int):
+    from trainbench.engine.models.moe import grouped_swiglu
+
+    def experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        w1, w3, w2 = (_local(getattr(moe, n)) for n in EXPERT_WEIGHTS)
+        out = grouped_swiglu(rows, counts, w1, w3, w2)
+        if rows.shape[0] == 0:
+            # No token for any local expert: a zero term still gives the weights a
+            # gradient, so every rank joins the same gradient reduce-scatters.
+            out = out + 0 * (w1.sum() + w3.sum() + w2.sum())
+        return out
+
+    def compute_experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        return dispatch_compute_combine(rows, counts, experts, group, ep)
+    return compute_experts
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh, dp_group=None) -> None:
+    """Shard every MoE layer's routed experts over `ep_mesh` and route tokens to them.
+
+    With `dp_group`, the load that moves DeepSeek-V3's selection bias is summed over the
+    data-parallel ranks first, so every rank moves its bias by the global load and the
+    ranks keep one bias (as one process with the whole batch would)."""
+    from trainbench.engine.models.moe import moe_layers
+    ep, group = ep_mesh.size(), ep_mesh.get_group()
+    for moe in moe_layers(model):
+        if moe.n_experts % ep:
+            raise ValueError(f"{moe.n_experts} routed experts do not split over ep={ep}")
+        for name in EXPERT_WEIGHTS:
+            w = getattr(moe, name)
+            mine = w.data.chunk(ep)[ep_mesh.get_local_rank()]
+            setattr(moe, name, nn.Parameter(DTensor.from_local(mine, ep_mesh, [Shard(0)],
+                                                               run_check=False)))
+        moe.compute_experts = _ep_compute(moe, group, ep)
+        if dp_group is not None and moe.spec.bias_update_speed:
+            moe.update_bias = _global_load_update(moe, dp_group)
+
+
+def _global_load_update(moe: nn.Module, group):
+    local_update = moe.update_bias
+
+    @torch.no_grad()
+    def update_bias() -> None:
+        dist.all_reduce(moe.expert_load, group=group)
+        local_update()
+    return update_bias
+
+
+def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
+    from trainbench.engine.models.moe import moe_layers
+    return [getattr(m, n) for m in moe_layers(module) for n in EXPERT_WEIGHTS]
+
+
+def fully_shard_experts(model: nn.Module, dp_mesh, expert_dp_mesh, dp: int, policy,
+                        reshard_after_forward: bool) -> None:
+    """FSDP units for the MoE layers, before their blocks': the router and shared expert
+    on the full dp mesh, the routed experts (already ep-sharded) on dp_mod_ep with their
+    gradients divided by dp (see the module docstring)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from trainbench.engine.models.moe import moe_layers
+    for moe in moe_layers(model):
+        for sub in (moe.router, moe.shared):
+            if sub is not None:
+                fully_shard(sub, mesh=dp_mesh, mp_policy=policy,
+                            reshard_after_forward=reshard_after_forward)
+        fully_shard(moe, mesh=expert_dp_mesh, mp_policy=policy,
+                    reshard_after_forward=reshard_after_forward)
+        moe.set_gradient_divide_factor(float(dp))
