@@ -57,6 +57,8 @@ class Layout:
 
     def describe(self) -> str:
         text = f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}"
+        if self.ep > 1:
+            text += f" EP{self.ep}"  # within DP: it borrows data-parallel ranks
         if self.vp > 1:
             text += f" VP{self.vp}"
         if self.dp_shard and self.dp_shard != self.dp:
@@ -110,6 +112,15 @@ class Plan:
     recompute: str = "none"
     """Activation recomputation: 'none', 'selective' or 'full'."""
     compile: bool = False
+    fsdp_prefetch: bool = True
+    """FSDP2's all-gathers issued one block ahead, forward and backward (see fsdp.py)."""
+    reduce_dtype: str = "fp32"
+    """dtype of FSDP's gradient reduce-scatter: 'fp32' (default) or 'bf16'."""
+    async_tp: bool = False
+    """Asynchronous tensor parallel (inductor's micro-pipelined TP); CUDA, NCCL, compile."""
+    cp_impl: str = "allgather"
+    """Context parallel attention: 'allgather' (keys/values gathered) or 'ring' (PyTorch's
+    ring attention, CUDA kernels only)."""
     fp8_recipe: str = FP8_RECIPES[0]
     """FP8 scaling of an fp8 run: 'tensorwise' or 'rowwise' (`--set fp8_recipe=rowwise`)."""
     env: tuple[tuple[str, str], ...] = ()
@@ -188,8 +199,9 @@ LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "dp", "vp", "dp_shard")
 INT_KEYS = LAYOUT_KEYS + ("mbs", "gbs", "seq_len", "layers", "steps", "warmup_steps", "seed",
                           "gpus_per_node")
 FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
-CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES}
-BOOL_KEYS = ("compile",)
+CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES,
+               "reduce_dtype": ("fp32", "bf16"), "cp_impl": ("allgather", "ring")}
+BOOL_KEYS = ("compile", "fsdp_prefetch", "async_tp")
 SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS
 # Bounds that keep a typo (an extra zero or three) from becoming a run that never ends or
 # an allocation that never fits: no benchmark needs more.
@@ -416,6 +428,37 @@ def input_problems(scale: int, overrides: dict, steps: int,
     return p
 
 
+def overlap_problems(plan: Plan) -> list[str]:
+    """The communication-overlap options that cannot run on this plan's device/layout."""
+    p, lay = [], plan.layout
+    if plan.async_tp:
+        # Inductor's micro-pipelined TP rewrites all-gather+matmul into symmetric-memory
+        # kernels: CUDA and NCCL only, and only inside compiled graphs.
+        if plan.device == "cpu":
+            p.append("--set async_tp=true needs CUDA GPUs (NCCL symmetric memory); it "
+                     "cannot run on a CPU: drop it")
+        elif lay.tp < 2:
+            p.append("--set async_tp=true overlaps tensor-parallel communication; it needs "
+                     "tp > 1 (e.g. --set tp=2)")
+        elif not plan.compile:
+            p.append("--set async_tp=true works inside compiled blocks only; add "
+                     "--set compile=true")
+    if plan.cp_impl not in CHOICE_KEYS["cp_impl"]:
+        p.append(f"cp_impl {plan.cp_impl!r} is not one of allgather, ring")
+    elif plan.cp_impl == "ring":
+        if lay.cp < 2:
+            p.append("--set cp_impl=ring applies only with context parallelism (cp > 1); "
+                     "add --set cp=2 or drop it")
+        elif plan.device == "cpu":
+            # torch 2.13: aten._scaled_dot_product_flash_attention_for_cpu has no sharding
+            # strategy, so the ring dispatch never reaches a CPU kernel.
+            p.append("--set cp_impl=ring needs CUDA attention kernels (PyTorch's ring "
+                     "attention has no CPU path); use --set cp_impl=allgather on a CPU")
+    if plan.reduce_dtype not in CHOICE_KEYS["reduce_dtype"]:
+        p.append(f"reduce_dtype {plan.reduce_dtype!r} is not one of fp32, bf16")
+    return p
+
+
 def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
     """Every problem with a plan, one line each (empty when the plan is valid)."""
     p, m, lay = [], plan.model, plan.layout
@@ -494,6 +537,7 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
     elif plan.fp8_recipe != FP8_RECIPES[0] and plan.dtype != "fp8":
         p.append(f"--set fp8_recipe={plan.fp8_recipe} applies only to --dtype fp8 "
                  f"(this run is {plan.dtype}); add --dtype fp8 or drop it")
+    p.extend(overlap_problems(plan))
     if lay.world_size > plan.gpus_per_node and lay.world_size % plan.gpus_per_node:
         p.append(f"{lay.world_size} ranks do not fill whole nodes of {plan.gpus_per_node}")
     f = plan.features

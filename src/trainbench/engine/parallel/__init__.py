@@ -65,9 +65,11 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     if dims.tp_enabled:
         from .tp import apply_tensor_parallel
         apply_tensor_parallel(model, dims["tp"], plan)
+        if plan.async_tp:  # plan validation admits it on CUDA with compile only
+            enable_async_tp(dims["tp"])
     if dims.cp_enabled:
         from .cp import apply_context_parallel
-        apply_context_parallel(model, dims["cp"])
+        apply_context_parallel(model, dims["cp"], plan.cp_impl)
     if dims.ep_enabled:
         from .ep import apply_expert_parallel
         apply_expert_parallel(model, dims["ep"], dims["dp"].get_group())
@@ -81,8 +83,20 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     # every multi-rank layout runs the same mixed-precision code path.
     apply_fsdp(model, dims["dp_cp"], compute_dtype,
                reshard_after_forward=not dims.pp_enabled,
-               expert_dp=(dims["dp_mod_ep"], dims.dp) if dims.ep_enabled else None)
+               expert_dp=dims["dp_mod_ep"] if dims.ep_enabled else None,
+               prefetch=plan.fsdp_prefetch,
+               reduce_dtype=torch.bfloat16 if plan.reduce_dtype == "bf16" else torch.float32)
     return model
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Asynchronous TP (torchtitan's form): inductor splits each TP all-gather+matmul and
+    matmul+reduce-scatter into chunks that overlap over symmetric memory. It acts only
+    in compiled graphs and needs NCCL on CUDA."""
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+    import torch._inductor.config
+    torch._inductor.config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float,

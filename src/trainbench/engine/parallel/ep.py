@@ -12,8 +12,10 @@ Parameters: the router, attention and shared expert stay FSDP-sharded over all o
 without EP. The routed experts are DTensors sharded on dim 0 over `ep`, then
 FSDP-sharded over the remaining dp/ep ranks (`dp_mod_ep`, a one-rank mesh when ep = dp).
 Their gradient on a rank already sums the contributions of the ep ranks whose tokens it
-served, so FSDP's reduce-scatter over dp_mod_ep completes the sum over all dp ranks;
-dividing it by dp (not dp/ep) makes it the same mean as every other parameter's.
+served, and FSDP's reduce-scatter over dp_mod_ep divides by dp/ep only: the expert
+weights' gradient is scaled by 1/ep on its way in (`_ScaleGrad`), which makes it the
+same mean over dp as every other parameter's. (FSDP's own divide factor would do the
+same but needs ReduceOp.PREMUL_SUM, which gloo lacks.)
 
 The model code only offers the hook: `MoE.compute_experts(rows, counts)`, replaced here
 per layer, as context parallelism replaces `attend`.
@@ -47,6 +49,17 @@ class _AllToAll(torch.autograd.Function):
         dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=ctx.send,
                                input_split_sizes=ctx.recv, group=ctx.group)
         return back, None, None, None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
 
 
 def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
@@ -84,7 +97,8 @@ def _ep_compute(moe: nn.Module, group, ep: int):
     from trainbench.engine.models.moe import grouped_swiglu
 
     def experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        w1, w3, w2 = (_local(getattr(moe, n)) for n in EXPERT_WEIGHTS)
+        w1, w3, w2 = (_ScaleGrad.apply(_local(getattr(moe, n)), 1.0 / ep)
+                      for n in EXPERT_WEIGHTS)
         out = grouped_swiglu(rows, counts, w1, w3, w2)
         if rows.shape[0] == 0:
             # No token for any local expert: a zero term still gives the weights a
@@ -133,11 +147,10 @@ def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
     return [getattr(m, n) for m in moe_layers(module) for n in EXPERT_WEIGHTS]
 
 
-def fully_shard_experts(model: nn.Module, dp_mesh, expert_dp_mesh, dp: int, policy,
+def fully_shard_experts(model: nn.Module, dp_mesh, expert_dp_mesh, policy,
                         reshard_after_forward: bool) -> None:
     """FSDP units for the MoE layers, before their blocks': the router and shared expert
-    on the full dp mesh, the routed experts (already ep-sharded) on dp_mod_ep with their
-    gradients divided by dp (see the module docstring)."""
+    on the full dp mesh, the routed experts (already ep-sharded) on dp_mod_ep."""
     from torch.distributed.fsdp import fully_shard
 
     from trainbench.engine.models.moe import moe_layers
@@ -148,4 +161,3 @@ def fully_shard_experts(model: nn.Module, dp_mesh, expert_dp_mesh, dp: int, poli
                             reshard_after_forward=reshard_after_forward)
         fully_shard(moe, mesh=expert_dp_mesh, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward)
-        moe.set_gradient_divide_factor(float(dp))

@@ -22,9 +22,11 @@ def fp32_units(module: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
-               reshard_after_forward: bool = True, expert_dp: tuple | None = None
+               reshard_after_forward: bool = True, expert_dp: DeviceMesh | None = None,
+               prefetch: bool = True, reduce_dtype: torch.dtype = torch.float32
                ) -> nn.Module:
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    """Shard `model` and record what was set in `model.fsdp_settings` (for run.json)."""
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
     # Its inputs keep the dtype they come in (bf16 activations): only the parameters are
     # gathered in fp32, and the module computes in fp32 where it reads them.
     fp32_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
@@ -34,13 +36,39 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
                     reshard_after_forward=reshard_after_forward)
     layers = getattr(model, "layers", None)
     if layers is not None:
-        for block in layers.values():
-            if expert_dp is not None:  # (dp_mod_ep mesh, dp): see ep.py
+        blocks = list(layers.values())
+        for index, block in enumerate(blocks):
+            if expert_dp is not None:  # the dp_mod_ep mesh: see ep.py
                 from .ep import fully_shard_experts
-                fully_shard_experts(block, mesh, *expert_dp, policy, reshard_after_forward)
+                fully_shard_experts(block, mesh, expert_dp, policy, reshard_after_forward)
+            # The last block's backward starts right after its forward (only the head and
+            # loss come between): resharding it would cost an all-gather for nothing.
+            # `prefetch=False` keeps FSDP2's defaults throughout (the engine before).
             fully_shard(block, mesh=mesh, mp_policy=policy,
-                        reshard_after_forward=reshard_after_forward)
+                        reshard_after_forward=reshard_after_forward
+                        and (index < len(blocks) - 1 or not prefetch))
     # The root unit holds the embedding, final norm and output head. Its parameters are
     # needed again at once for backward, so keeping them gathered saves an all-gather.
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    # FSDP2 on its own overlaps one all-gather ahead in forward only when the CPU runs
+    # ahead of the GPU, and its backward prefetch follows the recorded forward order.
+    # Naming the next (forward) and previous (backward) block makes the all-gather of
+    # block i+1 / i-1 start before block i computes, whatever the CPU does. Under a
+    # pipeline (no reshard after forward) parameters stay gathered: nothing to prefetch.
+    explicit = prefetch and reshard_after_forward and layers is not None and len(blocks) > 1
+    if explicit:
+        for index, block in enumerate(blocks):
+            if index + 1 < len(blocks):
+                block.set_modules_to_forward_prefetch([blocks[index + 1]])
+            if index > 0:
+                block.set_modules_to_backward_prefetch([blocks[index - 1]])
+    model.fsdp_settings = {
+        "forward_prefetch": "next block" if explicit else "FSDP2 default",
+        "backward_prefetch": "previous block" if explicit else "FSDP2 default",
+        "reshard_after_forward": ("none (pipeline)" if not reshard_after_forward
+                                  else "all blocks but the last" if prefetch
+                                  else "all blocks") + "; root kept gathered",
+        "param_dtype": str(compute_dtype).removeprefix("torch."),
+        "reduce_dtype": str(reduce_dtype).removeprefix("torch."),
+    }
     return model
