@@ -320,6 +320,18 @@ class Trainer:
             self.log("trainbench: clocks throttled during the timed window: "
                      + ", ".join(summary["throttle_reasons"]))
 
+    def overlap_info(self) -> dict:
+        """The communication-overlap settings that ran (absent: no FSDP / TP / CP)."""
+        out = {}
+        fsdp = getattr(self.model_parts[0], "fsdp_settings", None)
+        if fsdp is not None:
+            out["fsdp"] = fsdp
+        if self.dims.tp_enabled:
+            out["async_tp"] = self.plan.async_tp
+        if self.dims.cp_enabled:
+            out["cp_impl"] = self.plan.cp_impl
+        return out
+
     def write_run_info(self) -> None:
         info = {
             "device_name": self.device_name,
@@ -344,6 +356,7 @@ class Trainer:
         }
         if self.fp8_info is not None:  # the recipe that ran, the layers kept in bf16
             info["fp8"] = self.fp8_info
+        info.update(self.overlap_info())
         if self.mfu_not_applicable:
             info["mfu_not_applicable"] = self.mfu_not_applicable
         info["conditions"] = self.conditions

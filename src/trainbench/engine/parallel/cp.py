@@ -130,17 +130,44 @@ def _lower_right(queries: int, keys: int):
     return causal_lower_right(queries, keys)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> None:
+def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "allgather"
+                           ) -> None:
     """Swap the attention core of every module with an `attend` method for the CP one.
 
     Works for any family whose attention goes through `attend(q, k, v)`; the trainer
     shards inputs, labels and positions with `shard_sequence` / `local_positions`.
+    `impl` "ring" uses PyTorch's ring attention instead of the all-gather form.
     """
     group = cp_mesh.get_group()
+    if impl == "ring":
+        from torch.distributed.tensor.experimental._attention import (
+            _enable_context_parallel_dispatcher)
+        _enable_context_parallel_dispatcher()
     # A pipeline stage may hold no attention at all (only the embedding or the loss).
     for module in model.modules():
         if callable(getattr(module, "attend", None)):
-            module.attend = _bound_attend(group)
+            module.attend = (_ring_attend(cp_mesh) if impl == "ring"
+                             else _bound_attend(group))
+
+
+def _ring_attend(cp_mesh: DeviceMesh):
+    """PyTorch's ring attention (`context_parallel`'s SDPA dispatch) on this rank's
+    shard. Its head-tail load balancer holds the same chunks as `shard_sequence`
+    (chunks r and 2*CP-1-r), so the trainer's sharding serves both forms. It dispatches
+    only the CUDA kernels (flash, memory-efficient, cuDNN): plan validation refuses it on
+    a CPU."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if k.shape[1] != q.shape[1]:
+            # The ring kernels take no enable_gqa: expand grouped KV heads here.
+            repeat = q.shape[1] // k.shape[1]
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+        q, k, v = (DTensor.from_local(t.contiguous(), cp_mesh, [Shard(2)], run_check=False)
+                   for t in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).to_local()
+    return attend
 
 
 def _bound_attend(group: dist.ProcessGroup):
