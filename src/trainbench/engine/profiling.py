@@ -55,6 +55,15 @@ def process_group_labels(dims) -> tuple[dict[str, str], dict[str, int]]:
         add("dp" if getattr(dims, "cp", 1) == 1 else "dp_cp", flat.get_group(), flat.size())
     except (KeyError, RuntimeError, ValueError):
         pass
+    if getattr(dims, "ep_enabled", False):
+        # Expert parallelism's own groups: the token all-to-all (ep) and the experts'
+        # FSDP (dp_mod_ep). When ep = dp the ep group is the dp group (the mesh reuses
+        # one process group for the same ranks): labelled "dp/ep".
+        for dim in ("ep", "dp_mod_ep"):
+            group = dims[dim].get_group()
+            prior = names.get(group.group_name)
+            add(f"{prior}/{dim}" if prior and prior != "world" else dim, group,
+                dims[dim].size())
     return names, sizes
 
 
