@@ -142,11 +142,6 @@ def _global_load_update(moe: nn.Module, group):
     return update_bias
 
 
-def expert_parameters(module: nn.Module) -> list[nn.Parameter]:
-    from trainbench.engine.models.moe import moe_layers
-    return [getattr(m, n) for m in moe_layers(module) for n in EXPERT_WEIGHTS]
-
-
 def fully_shard_experts(model: nn.Module, dp_mesh, expert_dp_mesh, policy,
                         reshard_after_forward: bool) -> None:
     """FSDP units for the MoE layers, before their blocks': the router and shared expert
