@@ -149,12 +149,22 @@ def test_the_counter_sees_every_kind_of_host_read():
     assert reads.reads == []
 
 
-@pytest.mark.parametrize("workload", ["pretrain_llama3.1", "pretrain_nemotronh"])
+@pytest.mark.parametrize("workload", ["pretrain_llama3.1", "pretrain_nemotronh",
+                                      "pretrain_deepseek_v3"])
 def test_a_training_step_reads_nothing_on_the_host(one_rank, workload):
-    """Dense Llama and the hybrid Nemotron-H (Mamba-2 scan, attention, MLP): a real
-    step each, the first, in which the optimizer also creates its state."""
+    """Dense Llama, the hybrid Nemotron-H (Mamba-2 scan, attention, MLP) and the MoE
+    DeepSeek-V3 (MLA, router, loss-free bias, shared expert): a real step each, the
+    first, in which the optimizer also creates its state.
+
+    The one read MoE may make is the expert loop's: without torch._grouped_mm (a CPU, or
+    a GPU before Hopper) the loop needs each expert's row count on the host, once per MoE
+    layer per forward; the grouped GEMM takes the counts as device offsets."""
     trainer = one_rank(workload)
     reads, loss_sum, grad_norm = _step_reads(trainer, 0)
+    if workload == "pretrain_deepseek_v3":
+        loop = [r for r in reads if r.startswith("Tensor.tolist") and "grouped_swiglu" in r]
+        assert loop, "the expert loop's count read is gone: tighten this test"
+        reads = [r for r in reads if r not in loop]
     assert reads == [], "\n".join(reads)
     # step_metrics, after the timing sync, is where the reads belong: the same counter
     # finds them there, so the empty count above is not the counter missing them.

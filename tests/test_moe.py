@@ -137,6 +137,15 @@ def test_aux_loss_reaches_the_router_gradient_as_if_added_to_the_loss():
     torch.testing.assert_close(with_hook, plain.router.weight.grad)
     assert not torch.allclose(with_hook, torch.zeros_like(with_hook))
     assert moe.last_aux_loss is not None and plain.last_aux_loss is None
+    # With the trainer's 1/GA loss scale (here 4 microbatches), as if aux / 4 were added.
+    moe.zero_grad()
+    plain.zero_grad()
+    moe.aux_grad_scale = 0.25
+    (moe(x).sum() / 4).backward()
+    out = plain(x)
+    _, ids, probs = plain.route(x.reshape(-1, spec.hidden))
+    ((out.sum() + 0.5 * switch_balance_loss(probs, ids, spec.n_routed_experts)) / 4).backward()
+    torch.testing.assert_close(moe.router.weight.grad, plain.router.weight.grad)
 
 
 def test_loss_free_bias_moves_towards_balance():

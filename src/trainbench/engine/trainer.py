@@ -108,6 +108,9 @@ class Trainer:
             self.model_parts.append(part)
         self.model = (self.model_parts[0] if len(self.model_parts) == 1
                       else torch.nn.ModuleList(self.model_parts))
+        from .models.moe import moe_layers
+        for moe in moe_layers(self.model):
+            moe.aux_grad_scale = 1.0 / self.plan.ga  # as each microbatch's loss is scaled
         self.pipeline = None
         # Looked up once: indexing a DeviceMesh builds the sub-mesh again, reading its
         # rank table on the host, at every call (once per step in timed_step otherwise).

@@ -108,18 +108,20 @@ def sequence_balance_loss(scores: torch.Tensor, ids: torch.Tensor, n_experts: in
 
 
 class _AddAuxLossGrad(torch.autograd.Function):
-    """Identity on `out` whose backward also sends a gradient of 1 into `aux`, as if
-    `aux` had been added to the final loss (Megatron-LM's MoEAuxLossAutoScaler)."""
+    """Identity on `out` whose backward also sends a gradient of `scale` into `aux`, as
+    if `aux` times `scale` had been added to the final loss (Megatron-LM's
+    MoEAuxLossAutoScaler and its loss scale)."""
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(aux)
+        ctx.scale = scale
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         (aux,) = ctx.saved_tensors
-        return grad, torch.ones_like(aux)
+        return grad, torch.full_like(aux, ctx.scale), None
 
 
 # ---------------------------------------------------------------- expert compute
@@ -187,6 +189,10 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(E), persistent=True)
         self.register_buffer("expert_load", torch.zeros(E), persistent=False)
         self.last_aux_loss: torch.Tensor | None = None
+        # The factor the trainer scales each microbatch's loss by (1 / microbatches per
+        # rank): the balance loss must count as much per microbatch as the loss does, or
+        # one process (more microbatches) weighs it more than a data-parallel layout.
+        self.aux_grad_scale = 1.0
 
     def init_weights(self, out_std: float) -> None:
         nn.init.normal_(self.router.weight, std=INIT_STD)
@@ -212,7 +218,9 @@ class MoE(nn.Module):
         """b_i += gamma * sign(mean load - load_i) from the load seen since the last update
         (DeepSeek-V3 report sec. 2.1.2); then forget that load."""
         gamma = self.spec.bias_update_speed
-        if gamma and self.expert_load.sum() > 0:
+        # No load seen (the first forward) moves nothing: sign(0) = 0. Testing the load's
+        # sum instead would read it on the host in the middle of a step.
+        if gamma:
             self.expert_bias += gamma * torch.sign(self.expert_load.mean() - self.expert_load)
         self.expert_load.zero_()
 
@@ -243,7 +251,7 @@ class MoE(nn.Module):
         aux = self.balance_loss(scores, ids, b)
         self.last_aux_loss = aux.detach() if aux is not None else None
         if aux is not None and self.training and torch.is_grad_enabled():
-            out = _AddAuxLossGrad.apply(out, aux)
+            out = _AddAuxLossGrad.apply(out, aux, self.aux_grad_scale)
         return out
 
     def balance_loss(self, scores: torch.Tensor, ids: torch.Tensor,
