@@ -1,9 +1,10 @@
 """Profiling and the communication summary, on real gloo ranks through the CLI.
 
 FSDP's traffic is checked against the model's parameter count. Per step, with GA
-microbatches: each transformer block is all-gathered twice per microbatch (forward, and
-again for backward since blocks reshard after forward), the root unit (embedding, final
-norm, output head) once (it stays gathered through backward); every unit's gradients
+microbatches: each transformer block but the last is all-gathered twice per microbatch
+(forward, and again for backward since blocks reshard after forward); the last block and
+the root unit (embedding, final norm, output head) once (they stay gathered through
+backward, which starts right after their forward); every unit's gradients
 are reduce-scattered once per microbatch in fp32 (the reduce dtype). Message sizes
 are full buffers (all-gather output, reduce-scatter input).
 """
@@ -84,9 +85,9 @@ def test_profiled_run_traces_only_the_requested_steps(tmp_path):
     block, root = param_counts()
     layers, ga = 4, 2
     gather = collective(comm, "all_gather", "dp")
-    assert gather["bytes_per_step"] == pytest.approx(ga * (2 * layers * block + root) * 4,
+    assert gather["bytes_per_step"] == pytest.approx(ga * ((2 * layers - 1) * block + root) * 4,
                                                      rel=BYTES_RTOL)
-    assert gather["calls_per_step"] == ga * (2 * layers + 1)
+    assert gather["calls_per_step"] == ga * 2 * layers  # 2 * layers - 1 blocks, 1 root
     scatter = collective(comm, "reduce_scatter", "dp")
     assert scatter["bytes_per_step"] == pytest.approx(ga * (layers * block + root) * 4,
                                                       rel=BYTES_RTOL)
@@ -108,7 +109,7 @@ def test_comm_summary_of_dp2_tp2_names_each_dimension(tmp_path):
     # FSDP over the data-parallel ranks, on TP-local shards: bf16 gathers, fp32 reduction.
     gather = collective(comm, "all_gather", "dp")
     assert gather["dtype"] == "bf16" and gather["group_size"] == 2
-    assert gather["bytes_per_step"] == pytest.approx(ga * (2 * layers * block + root) * 2,
+    assert gather["bytes_per_step"] == pytest.approx(ga * ((2 * layers - 1) * block + root) * 2,
                                                      rel=BYTES_RTOL)
     scatter = collective(comm, "reduce_scatter", "dp")
     assert scatter["dtype"] == "fp32"
