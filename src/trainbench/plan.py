@@ -112,6 +112,10 @@ class Plan:
     recompute: str = "none"
     """Activation recomputation: 'none', 'selective' or 'full'."""
     compile: bool = False
+    """torch.compile per block. build_plan resolves it by device unless --set gives it."""
+    compile_source: str = "default"
+    """'default' (resolved by the device: on for CUDA GPUs, off on a CPU) or 'set' (--set
+    compile=...), kept apart so the log and run.json say which decided."""
     fsdp_prefetch: bool = True
     """FSDP2's all-gathers issued one block ahead, forward and backward (see fsdp.py)."""
     reduce_dtype: str = "fp32"
@@ -284,6 +288,17 @@ def pipeline_schedule_problems(microbatches: int, pp: int, vp: int) -> list[str]
     return []
 
 
+def compile_label(plan: Plan) -> str:
+    """'on (default on GPUs)', 'off (default on CPU)', 'on (--set)', 'off (--set)': the
+    state and what decided it, for --dry-run, the log header and run.json."""
+    state = "on" if plan.compile else "off"
+    by_device = plan.device == "cuda"
+    # A plan.json from before compile_source existed says 'default' whatever decided it.
+    if plan.compile_source == "set" or plan.compile != by_device:
+        return f"{state} (--set)"
+    return f"{state} (default on {'GPUs' if by_device else 'CPU'})"
+
+
 def experiment_name(workload: str, size: str, dtype: str, gpus: int) -> str:
     return f"{workload}_{size}_{dtype}_gpus{gpus}"
 
@@ -366,6 +381,13 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     overrides.setdefault("min_lr", overrides["lr"] / 10)
     overrides.setdefault("warmup_steps", 5 if tiny else 2000)
     overrides.setdefault("recompute", row.recompute)
+    if "compile" in overrides:
+        overrides["compile_source"] = "set"
+    else:
+        # On by default on GPUs, as torchtitan runs. Off on a CPU: inductor's C++ code
+        # generation costs tens of seconds per block shape there, and a CPU run checks
+        # numerics, which compiled and eager share (tests/test_compile.py).
+        overrides["compile"] = gpu_type != hardware.CPU
     per_node = overrides.pop("gpus_per_node", gpus_per_node)
     if per_node is None:
         per_node = gpu.gpus_per_node if gpu else scale
@@ -441,8 +463,8 @@ def overlap_problems(plan: Plan) -> list[str]:
             p.append("--set async_tp=true overlaps tensor-parallel communication; it needs "
                      "tp > 1 (e.g. --set tp=2)")
         elif not plan.compile:
-            p.append("--set async_tp=true works inside compiled blocks only; add "
-                     "--set compile=true")
+            p.append("--set async_tp=true works inside compiled blocks only; drop "
+                     "--set compile=false")
     if plan.cp_impl not in CHOICE_KEYS["cp_impl"]:
         p.append(f"cp_impl {plan.cp_impl!r} is not one of allgather, ring")
     elif plan.cp_impl == "ring":
@@ -502,11 +524,15 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
             p.append(f"{m.n_routed_experts} routed experts do not split over ep={lay.ep}; "
                      "use an ep that divides the expert count")
     if m.is_moe:
-        # Only data parallelism (FSDP over whole experts) has been run on the MoE models.
+        # Run and checked: DP/FSDP, EP, and TP for Qwen3 MoE (README, "Mixture of experts").
+        # PP and CP are not wired for the MoE blocks (README says why).
         for key in ("tp", "pp", "cp"):
+            if key == "tp" and m.family == "qwen3_moe":
+                continue
             if getattr(lay, key) > 1:
-                p.append(f"{plan.workload} supports only data parallelism so far "
-                         f"({key}={getattr(lay, key)}); use {key}=1")
+                p.append(f"{plan.workload} supports only data, expert"
+                         f"{' and tensor' if m.family == 'qwen3_moe' else ''} parallelism "
+                         f"so far ({key}={getattr(lay, key)}); use {key}=1")
         if plan.dtype in FP8_DTYPES:
             p.append(f"{plan.workload} has no FP8 path yet (grouped expert GEMMs); use "
                      "--dtype bf16")

@@ -28,6 +28,7 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -151,10 +152,66 @@ def nemotronh_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, Para
     return styles
 
 
+class _MoEInputOutput(PrepareModuleInputOutput):
+    """Sequence shard -> whole sequence in, whole sequence -> sequence shard out."""
+
+    def __init__(self):
+        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                         use_local_input=True, output_layouts=(Replicate(),),
+                         desired_output_layouts=(Shard(1),), use_local_output=True)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        # The shard out is a slice (a view) of the whole output; FSDP, which wraps the
+        # layer under expert parallelism, warns at every forward on a view output. A
+        # copy of [b, s/tp, hidden] silences that for good.
+        module.register_forward_hook(lambda mod, args, out: out.clone())
+        return module
+
+
+def _moe_styles(prefix: str) -> dict[str, ParallelStyle]:
+    """A mixture of experts under TP: the router and the routed experts replicated, the
+    shared expert split like a dense MLP.
+
+    The layer gathers the sequence and every TP rank routes and computes all of its
+    tokens' experts (the simplest correct composition: no expert is split inside, so
+    the grouped expert GEMMs and expert parallelism's dispatch run unchanged, and every
+    TP rank of an expert group sends the same tokens). The result goes back to a
+    sequence shard by a local slice; in backward that slice becomes an all-gather of
+    the output gradient, so every TP rank back-propagates the same full gradient and the
+    replicated router and experts get identical gradients on every TP rank, with
+    nothing to reduce. The shared expert's down projection all-reduces its partial sums
+    (output Replicate) before they join the routed output.
+    """
+    return {
+        prefix: _MoEInputOutput(),
+        f"{prefix}.shared.w1": ColwiseParallel(),
+        f"{prefix}.shared.w3": ColwiseParallel(),
+        f"{prefix}.shared.w2": RowwiseParallel(output_layouts=Replicate()),
+    }
+
+
+QWEN3_MOE_PLAN: dict[str, ParallelStyle] = {
+    **EDGE_PLAN,
+    "layers.*.attention_norm": SequenceParallel(),
+    **_attention_styles("layers.*.attention"),
+    # QK-norm normalises each head over head_dim with one weight shared by all heads:
+    # it runs on this rank's heads as they are (dim 2 of [b, s, heads, head_dim]). Its
+    # weight is a replicated DTensor so that the partial gradients of the heads on each
+    # rank are summed over TP.
+    "layers.*.attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+    "layers.*.attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+    "layers.*.mlp_norm": SequenceParallel(),
+    **_moe_styles("layers.*.moe"),
+}
+"""Qwen3 MoE (engine/models/qwen3_moe.py)."""
+
+
 PLANS: dict[str, Callable[[nn.Module, Plan | None], dict[str, ParallelStyle]]] = {
     "llama": lambda model, plan: TRANSFORMER_PLAN,
     "nemotron4": lambda model, plan: TRANSFORMER_PLAN,
     "nemotronh": nemotronh_plan,
+    "qwen3_moe": lambda model, plan: QWEN3_MOE_PLAN,
 }
 """Family -> its tensor-parallel plan. A new family adds one entry."""
 
