@@ -152,11 +152,13 @@ def submit(out, req, planned, preflight: bool = True) -> None:
 
 
 def print_plan(out, plan) -> None:
+    from ..plan import compile_label
     lay = plan.layout
     out.print(f"[bold]{plan.name}[/bold]: {plan.model.name}, {plan.dtype}, {plan.gpus} ranks on "
               f"{plan.num_nodes} node(s) of {plan.gpus_per_node} ({plan.gpu_type})")
     out.print(f"layout {lay.describe()}  MBS {plan.mbs}  GBS {plan.gbs}  GA {plan.ga}  "
-              f"seq {plan.seq_len}  steps {plan.steps}  recompute {plan.recompute}")
+              f"seq {plan.seq_len}  steps {plan.steps}  recompute {plan.recompute}  "
+              f"compile {compile_label(plan)}")
     if plan.recipe_note:
         out.print(f"[yellow]note:[/yellow] {plan.recipe_note}")
 

@@ -43,7 +43,19 @@ def _recomputed(attend):
     return attend_recomputed
 
 
+def compile_decision(plan: Plan) -> tuple[bool, str]:
+    """Whether this plan's blocks are compiled, and the label the log and run.json show
+    (plan.compile_label, plus the reason when a plan asking for compile cannot have it)."""
+    from ...plan import compile_label
+    return plan.compile, compile_label(plan)
+
+
 def apply_compile(model: nn.Module) -> None:
+    """torch.compile each block, as torchtitan does: one graph per block shape, reused by
+    every block of that shape (parameters are graph inputs), so the compile cost does not
+    grow with depth. After activation checkpointing: compiling the checkpoint wrapper
+    lets the compiled graph hold the recomputation too, and before FSDP, whose per-block
+    hooks then run outside the compiled region, as FSDP2 expects."""
     for key, block in list(model.layers.items()):
         model.layers[key] = torch.compile(block, fullgraph=False)
 
@@ -74,7 +86,7 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
         from .ep import apply_expert_parallel
         apply_expert_parallel(model, dims["ep"], dims["dp"].get_group())
     apply_activation_checkpointing(model, plan.recompute)
-    if plan.compile:
+    if compile_decision(plan)[0]:
         apply_compile(model)
     if single_rank_without_fsdp(plan):
         return model
