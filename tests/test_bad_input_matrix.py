@@ -335,10 +335,11 @@ LOCKED = [("run", RUN), ("jobs-list", ["jobs", "list"]), ("jobs-show", ["jobs", 
           ("jobs-refresh", ["jobs", "refresh"]), ("jobs-default", ["jobs"])]
 
 
-@pytest.mark.parametrize("argv", [c[1] for c in LOCKED], ids=[c[0] for c in LOCKED])
-def test_locked_job_history_gets_one_line(tmp_path, argv):
+def test_locked_job_history_gets_one_line(tmp_path):
     """Another process holds an exclusive lock on jobs.sqlite (an open sqlite3 shell, a hung
-    command): the command says so after a short wait instead of a traceback after 30 s."""
+    command): every command that reads or writes the history says so after a short wait
+    instead of a traceback after 30 s. The commands wait out the lock side by side."""
+    from concurrent.futures import ThreadPoolExecutor
     t = prepare(tmp_path, with_db)
     holder = subprocess.Popen(
         [sys.executable, "-c",
@@ -349,8 +350,13 @@ def test_locked_job_history_gets_one_line(tmp_path, argv):
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = snapshot(t)
-        res = invoke(t, argv, {})
-        assert_one_clean_line(res, "locked by another process")
+        with ThreadPoolExecutor(len(LOCKED)) as pool:
+            results = list(pool.map(lambda argv: invoke(t, argv, {}), [c[1] for c in LOCKED]))
+        for (name, _), res in zip(LOCKED, results):
+            try:
+                assert_one_clean_line(res, "locked by another process")
+            except AssertionError as err:
+                raise AssertionError(f"{name}: {err}") from err
         assert snapshot(t) == before
     finally:
         holder.kill()

@@ -82,6 +82,10 @@ LAYOUTS = {"DP1": (1, (), "TP1 PP1 CP1 DP1"), "DP2": (2, (), "TP1 PP1 CP1 DP2"),
            "PP2": (2, ("--set", "pp=2"), "TP1 PP2 CP1 DP1")}
 FAMILIES = ["pretrain_llama3.1", "pretrain_nemotron4", "pretrain_nemotronh"]
 RESHARDS = [("DP2", "TP2"), ("TP2", "DP1"), ("PP2", "DP2")]
+# What Nemotron-4 adds over Llama is its TP plan (an ungated MLP, LayerNorm with bias),
+# exercised by TP2 -> DP1; FSDP and PP split it by whole parameters and layers as Llama.
+CASES = [(w, src, dst) for w in FAMILIES for src, dst in RESHARDS
+         if w != "pretrain_nemotron4" or (src, dst) == ("TP2", "DP1")]
 # In the quick set: DP2 -> TP2 for Llama (its DP2 run is shared with the tests above) and
 # for Nemotron-H, whose Mamba rows TP once stored in another order than DP.
 QUICK = {("pretrain_llama3.1", "DP2", "TP2"), ("pretrain_nemotronh", "DP2", "TP2")}
@@ -107,7 +111,7 @@ def saved(tmp_path_factory, uninterrupted):
 @pytest.mark.parametrize("workload,source,target", [
     pytest.param(w, src, dst, id=f"{w.removeprefix('pretrain_')}-{src}-to-{dst}",
                  marks=() if (w, src, dst) in QUICK else pytest.mark.slow)
-    for w in FAMILIES for src, dst in RESHARDS])
+    for w, src, dst in CASES])
 def test_checkpoint_resumes_in_another_layout(saved, tmp_path, workload, source, target):
     """Iteration 2 checks the weights, iteration 3 the optimizer state: both must equal
     the uninterrupted run's, whichever layout saved and whichever loads."""

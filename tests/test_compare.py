@@ -1,7 +1,8 @@
 """`trainbench compare` and measured profiling overhead (issue #17 items 3 and 6).
 
 Two real tiny runs (one rank, fp32, 4 steps) that differ only in `--env NCCL_ALGO=Ring`
-and `--set mbs=1`, shared by the module; one real profiled run; the statistics and the
+and `--set mbs=1`, shared by the module (the profiling overhead is checked on
+tests/test_profiling.py's profiled run); the statistics and the
 ranking of condition differences are checked in-process against hand-derived values.
 """
 
@@ -16,7 +17,6 @@ import pytest
 from trainbench.results.compare import (METHOD_RUNS, METHOD_STEPS, condition_differences,
                                         is_performance_env, load_side, metric_rows)
 from trainbench.results.stats import t_quantile, t_two_sided_p, welch_test
-from trainbench.results.summary import summarize_experiment
 
 from helpers import read_metrics, run_cli, train
 
@@ -281,39 +281,3 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("trainbench: error: "), res.stderr
         assert expected in lines[0] and "Traceback" not in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # nothing written
-
-
-# --- profiling overhead, measured on a real profiled run -----------------------------------
-
-@pytest.mark.slow
-def test_profiled_run_reports_its_overhead(tmp_path):
-    # 6 steps: the window is iterations 1-5; 3-4 are profiled and 2 is torch.profiler's
-    # warm-up, so 1 and 5 are the unprofiled steps to compare with.
-    res = run_cli("run", "-w", WORKLOAD, "-s", "tiny", "--dtype", "fp32", "--scale", "1",
-                  "--steps", "6", "--gpu", "cpu", "--profile", "torch", "--profile-steps",
-                  "3-4", root=tmp_path)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    (exp,) = [p.parent for p in (tmp_path / "experiments").glob("*/*/plan.json")]
-    times = {r["iteration"]: r["step_time_s"] for r in read_metrics(exp)}
-    profiled = (times[3] + times[4]) / 2
-    clean = (times[1] + times[5]) / 2
-    expected = 100 * (profiled / clean - 1)
-    assert "profiling overhead" in res.stdout
-    assert f"{expected:+.1f}%: profiled iterations 3-4" in " ".join(res.stdout.split())
-
-    result = summarize_experiment(exp)
-    assert result.profiling_overhead_pct == pytest.approx(expected)
-    assert "2 unprofiled step(s)" in result.profiling_overhead
-    assert "warm-up step 2 left out" in result.profiling_overhead
-    assert not result.comparable
-    data = json.loads(run_cli("results", str(exp), "-f", "json", root=tmp_path).stdout)
-    assert data["experiments"][0]["profiling_overhead_pct"] == pytest.approx(expected)
-
-    # A window holding only profiled steps has nothing to compare them with.
-    only = summarize_experiment(exp, window=(3, 4))
-    assert only.profiling_overhead_pct is None
-    assert only.profiling_overhead.startswith("no unprofiled steps to compare")
-    assert any(n.startswith("profiling overhead no unprofiled steps") for n in only.notes)
-    outside = summarize_experiment(exp, window=(0, 1))
-    assert outside.profiling_overhead_pct is None
-    assert "outside the window 0-1" in outside.profiling_overhead

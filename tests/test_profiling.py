@@ -16,7 +16,9 @@ import re
 
 import pytest
 
-from helpers import run_cli, train
+from trainbench.results.summary import summarize_experiment
+
+from helpers import read_metrics, run_cli, train
 
 WORKLOAD = "pretrain_llama3.1"
 # FSDP2 pads each parameter's first dimension to a multiple of the group size; the tiny
@@ -49,23 +51,25 @@ def collective(summary: dict, op: str, group: str) -> dict:
 
 @pytest.mark.dist
 def test_profiled_run_traces_only_the_requested_steps(tmp_path):
-    exp = train(tmp_path, WORKLOAD, 2, "--profile", "torch", "--profile-steps", "1-2",
-                "--profile-ranks", "all", steps=4)
+    # 6 steps: the results' window is iterations 1-5; 3-4 are profiled and 2 is
+    # torch.profiler's warm-up, so 1 and 5 are the unprofiled steps the overhead compares with.
+    exp = train(tmp_path, WORKLOAD, 2, "--profile", "torch", "--profile-steps", "3-4",
+                "--profile-ranks", "all", steps=6)
     for rank in (0, 1):
         trace = json.loads((exp / "profile" / f"trace-rank{rank}.pt.trace.json").read_text())
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
         marks = {e["name"]: e for e in events if e["name"].startswith("ProfilerStep#")}
-        assert sorted(marks) == ["ProfilerStep#1", "ProfilerStep#2"]
-        main = marks["ProfilerStep#1"]["tid"]
+        assert sorted(marks) == ["ProfilerStep#3", "ProfilerStep#4"]
+        main = marks["ProfilerStep#3"]["tid"]
         windows = [(m["ts"], m["ts"] + m["dur"]) for m in marks.values()]
         ops = [e for e in events if e["cat"] == "cpu_op" and e["tid"] == main]
         assert ops and all(any(a <= e["ts"] <= b for a, b in windows) for e in ops)
 
     log = (exp / "log-pretrain_llama3.1_tiny_fp32_gpus2.out").read_text()
-    assert "Profile of iterations 1-2, rank 0: trace profile/trace-rank0.pt.trace.json" in log
+    assert "Profile of iterations 3-4, rank 0: trace profile/trace-rank0.pt.trace.json" in log
     assert re.search(r"time: compute \d+\.\d% \| communication \d+\.\d% \(exposed", log)
     assert re.search(r"\n  aten::mm +\d+\.\d +\d+\.\d{3}\n", log)  # a top-operator row
-    assert "Collectives per step, rank 0 (gloo, iterations 1-2" in log
+    assert "Collectives per step, rank 0 (gloo, iterations 3-4" in log
 
     summary = json.loads((exp / "profile" / "summary.json").read_text())
     shares = summary["ranks"]["0"]["time_shares"]
@@ -79,6 +83,20 @@ def test_profiled_run_traces_only_the_requested_steps(tmp_path):
     res = run_cli("results", str(exp), "-f", "json", root=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "profiled run (torch)" in res.stdout
+
+    # The profiler's overhead (issue 17 item 6): the profiled steps against the window's
+    # unprofiled ones, the warm-up step left out.
+    times = {r["iteration"]: r["step_time_s"] for r in read_metrics(exp)}
+    expected = 100 * ((times[3] + times[4]) / 2 / ((times[1] + times[5]) / 2) - 1)
+    result = summarize_experiment(exp)
+    assert result.profiling_overhead_pct == pytest.approx(expected)
+    assert "2 unprofiled step(s)" in result.profiling_overhead
+    assert "warm-up step 2 left out" in result.profiling_overhead
+    assert not result.comparable
+    (row,) = json.loads(res.stdout)["experiments"]
+    assert row["profiling_overhead_pct"] == pytest.approx(expected)
+    table = run_cli("results", str(exp), root=tmp_path)
+    assert f"{expected:+.1f}%: profiled iterations 3-4" in " ".join(table.stdout.split())
 
     # FSDP's traffic against the parameter count (fp32: 4 bytes an element).
     comm = json.loads((exp / "comm_summary.json").read_text())["ranks"]["0"]
