@@ -50,6 +50,19 @@ NEMO_2407_H100
     not say whether NeMo recomputed activations, and trainbench's only Llama 2 recipe
     (MaxText's) recomputes fully, so the row's configuration cannot be stated.
 
+MB_2509_MOE / MB_2511_MOE / MB_2602_MOE / MB_260401_MOE
+    NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary.md at commits fa0315a (2025-10-10,
+    "25.09 NeMo Container"), 5776a6d (2025-12-10, "25.11"), c0b9a00 (2026-02-26, "26.02")
+    and 21d102f (2026-05-27, "26.04.01"): the MoE rows DeepSeekV3, Qwen3_30B_a3B and
+    Qwen3_235B_a22B (issue 20). The tables print EP; the recipes behind them
+    (scripts/performance/configs/{deepseek,qwen3}/*_llm_pretrain.yaml at fa0315a) set
+    ETP=1 and the page says "we force-balance the token distribution among experts and all
+    benchmarks are token-dropless" (25.11). The 25.09 table has no precision column; its
+    note that parenthesised figures are other FP8 quantization granularities makes the
+    first figure the FP8 (per-tensor current scaling) run. FP8-MX / MXFP8 rows are
+    trainbench's mxfp8; FP8-CS and FP8 are its fp8. DeepSeek-V3 rows are without MTP
+    where the table says so (25.11 GB300/GB200) and unstated otherwise.
+
 NeMo's LLAMA3 rows are Llama 3 models; trainbench's pretrain_llama3.1 8B / 70B / 405B have
 the same layers, widths and vocabulary (3.1 changed RoPE scaling and the training context,
 not the shapes a pretraining step at seq 8192 runs).
@@ -57,7 +70,7 @@ not the shapes a pretraining step at seq 8192 runs).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 NEMO_2502_B200 = ("NeMo 25.02 Performance Summary, DGX-B200 pre-training table "
                   "(docs.nvidia.com/nemo-framework/user-guide/latest/performance/"
@@ -76,6 +89,14 @@ NEMO_2407_H100 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md @0
                   "24.07 DGX-H100 pre-training table (FP8)")
 DGXC_2509_GB200_405B = ("NVIDIA/dgxc-benchmarking llama3.1/README.md @07d4a4a, MFU example "
                         "('training step time = 9.347') and its GB200 layout table")
+MB_2509_MOE = ("Megatron-Bridge docs/performance-summary.md @fa0315a, 25.09 NeMo Container, "
+               "MoE rows (FP8, first figure)")
+MB_2511_MOE = ("Megatron-Bridge docs/performance-summary.md @5776a6d, 25.11 NeMo Container, "
+               "MoE rows")
+MB_2602_MOE = ("Megatron-Bridge docs/performance-summary.md @c0b9a00, 26.02 NeMo Container, "
+               "MoE rows")
+MB_260401_MOE = ("Megatron-Bridge docs/performance-summary.md @21d102f, 26.04.01 NeMo "
+                 "Container, MoE rows")
 
 
 @dataclass(frozen=True)
@@ -98,12 +119,17 @@ class HeldOutRow:
     tokens_per_s_per_gpu: float | None
     """As published (None where the source gives a step time instead)."""
     source: str
+    ep: int = 1
+    """Expert-parallel size (MoE rows); the published MoE recipes run ETP=1."""
+    tflops_per_gpu: float | None = None
+    """'Model TFLOP / sec / GPU' as published (MoE rows), for the FLOPs check."""
 
     @property
     def key(self) -> str:
         return (f"{self.workload} {self.size} {self.dtype} {self.gpus}x{self.gpu_type} "
-                f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vp} MBS{self.mbs} GBS{self.gbs}"
-                + (" FSDP" if self.fsdp else ""))
+                f"TP{self.tp} PP{self.pp} CP{self.cp} VP{self.vp}"
+                + (f" EP{self.ep}" if self.ep > 1 else "")
+                + f" MBS{self.mbs} GBS{self.gbs}" + (" FSDP" if self.fsdp else ""))
 
     def to_dict(self) -> dict:
         return asdict(self) | {"key": self.key}
@@ -184,4 +210,43 @@ HELD_OUT: list[HeldOutRow] = [
                  NEMO_2407_H100),
     _from_tokens(_N, "340b", "fp8", "h100", 128, 4096, 8, 8, 1, 12, 1, 32, False, 322,
                  NEMO_2407_H100),
+]
+
+
+def _moe(workload, size, dtype, gpu_type, gpus, tp, pp, vp, ep, mbs, gbs, tokens_per_gpu,
+         tflops, source) -> HeldOutRow:
+    row = _from_tokens(workload, size, dtype, gpu_type, gpus, 4096, tp, pp, 1, vp, mbs, gbs,
+                       False, tokens_per_gpu, source)
+    return replace(row, ep=ep, tflops_per_gpu=tflops)
+
+
+_Q = "pretrain_qwen3"
+_D = "pretrain_deepseek_v3"
+
+# The published MoE rows (issue 20): all seq 4096, CP 1, no FSDP, ETP 1; VP "n/a" -> 1.
+# Held out like the rest: predict is never fitted on them.
+HELD_OUT_MOE: list[HeldOutRow] = [
+    # workload, size, dtype, gpu, gpus, TP, PP, VP, EP, MBS, GBS, tokens/s/GPU, TFLOPS/GPU
+    # H100
+    _moe(_D, "671b", "fp8", "h100", 1024, 2, 8, 4, 64, 1, 8192, 1297, 338, MB_2509_MOE),
+    _moe(_Q, "30b_a3b", "fp8", "h100", 16, 1, 2, 24, 8, 2, 512, 10494, 241, MB_2509_MOE),
+    _moe(_Q, "235b_a22b", "fp8", "h100", 256, 2, 8, 4, 32, 1, 2048, 1204, 178, MB_2509_MOE),
+    _moe(_Q, "30b_a3b", "fp8", "h100", 16, 1, 2, 24, 8, 2, 512, 5275, 121, MB_2511_MOE),
+    _moe(_Q, "235b_a22b", "fp8", "h100", 256, 2, 8, 4, 32, 1, 2048, 1575, 233, MB_2511_MOE),
+    _moe(_Q, "30b_a3b", "fp8", "h100", 16, 1, 2, 12, 8, 1, 1024, 5113, 118, MB_2602_MOE),
+    _moe(_Q, "235b_a22b", "fp8", "h100", 256, 2, 8, 4, 32, 1, 8192, 1633, 242, MB_2602_MOE),
+    _moe(_Q, "30b_a3b", "fp8", "h100", 16, 1, 1, 1, 16, 1, 1024, 8960, 206, MB_260401_MOE),
+    _moe(_Q, "235b_a22b", "fp8", "h100", 256, 2, 8, 4, 32, 1, 8192, 1712, 253, MB_260401_MOE),
+    # BF16 on Blackwell (25.11; DeepSeek-V3 without MTP)
+    _moe(_D, "671b", "bf16", "gb300", 256, 1, 2, 4, 32, 1, 4096, 3848, 961, MB_2511_MOE),
+    _moe(_D, "671b", "bf16", "gb200", 256, 1, 4, 4, 64, 1, 4096, 3139, 782, MB_2511_MOE),
+    _moe(_Q, "235b_a22b", "bf16", "gb300", 256, 1, 4, 12, 16, 2, 8192, 6131, 907, MB_2511_MOE),
+    _moe(_Q, "235b_a22b", "bf16", "gb200", 256, 1, 8, 3, 32, 1, 8192, 4916, 728, MB_2511_MOE),
+    # MXFP8 on Blackwell (26.04.01)
+    _moe(_D, "671b", "mxfp8", "gb200", 256, 1, 4, 4, 64, 1, 4096, 4256, 1106, MB_260401_MOE),
+    _moe(_D, "671b", "mxfp8", "b200", 256, 1, 8, 2, 32, 1, 4096, 3328, 864, MB_260401_MOE),
+    _moe(_Q, "30b_a3b", "mxfp8", "gb200", 8, 1, 1, 1, 8, 4, 512, 26112, 599, MB_260401_MOE),
+    _moe(_Q, "30b_a3b", "mxfp8", "b200", 8, 1, 1, 1, 8, 4, 512, 27136, 619, MB_260401_MOE),
+    _moe(_Q, "235b_a22b", "mxfp8", "gb200", 256, 1, 8, 3, 32, 1, 8192, 5680, 840,
+         MB_260401_MOE),
 ]

@@ -16,6 +16,13 @@ SEED_NEMOTRON4 = "seed 003 (NeMo 2 Nemotron-4 recipe)"
 SEED_NEMOTRON4_340B_OLD = "seed 000 (NeMo Launcher 24.11 Nemotron-4 340B recipe)"
 SEED_NEMOTRONH = "seed 004 (NeMo 2 Nemotron-H recipe)"
 TINY = "trainbench tiny proxy"
+MB_MOE_H100_2509 = ("Megatron-Bridge docs/performance-summary.md @fa0315a (25.09), DGX-H100 "
+                    "table; scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml "
+                    "(etp 1)")
+MB_MOE_H100_260401 = ("Megatron-Bridge docs/performance-summary.md @21d102f (26.04.01), "
+                      "DGX-H100 rows; ETP 1 as in scripts/performance/configs/qwen3/*.yaml @fa0315a")
+MB_MOE_BF16_2511 = ("Megatron-Bridge docs/performance-summary.md @5776a6d (25.11), DGX-GB200 "
+                    "and DGX-GB300 BF16 rows; ETP 1")
 
 ANY_DEVICE = "any"
 
@@ -110,10 +117,40 @@ for _workload, _layers in (("pretrain_llama3.1", 4), ("pretrain_llama2", 4),
                            ("pretrain_nemotron4", 4), ("pretrain_nemotronh", 6)):
     RECIPES += _rows(_workload, "tiny", ("bf16", "fp32", "fp8"), ANY_DEVICE, 128, _layers, TINY,
                      _TINY_TABLE)
-# The MoE tiny proxies: no FP8 row (no grouped-GEMM FP8 path yet). Their real sizes have
-# no row at all: no published layout was found to cite (README, "Workloads").
+# The MoE tiny proxies: no FP8 row (no grouped-GEMM FP8 path yet).
 for _workload in ("pretrain_qwen3", "pretrain_deepseek_v3"):
     RECIPES += _rows(_workload, "tiny", ("bf16", "fp32"), ANY_DEVICE, 128, 4, TINY, _TINY_TABLE)
+
+
+def _moe_row(workload, size, dtype, gpu_type, gpus, layers, tp, pp, vp, ep, mbs, gbs, source,
+             note=""):
+    """A published MoE layout (seq 4096, CP 1, ETP 1: the expert weights are not TP-split;
+    EP spans the TP x DP ranks of a pipeline stage, as in Megatron-Core)."""
+    dp = gpus // (tp * pp)
+    return RecipeRow(workload, size, dtype, gpu_type, gpus, 4096, layers, tp, pp, 1, ep, dp,
+                     vp, mbs, gbs, gbs // (mbs * dp), source,
+                     note=("ETP 1" + ("; " + note if note else "")), recompute="selective")
+
+
+# The real MoE sizes: NVIDIA's published layouts (catalog.heldout holds their step times).
+# H100 published FP8 only; BF16 layouts were published for GB200/GB300 only. Recompute:
+# the recipes' "selective" (deepseek_v3_llm_pretrain.yaml @fa0315a).
+RECIPES += [
+    _moe_row("pretrain_deepseek_v3", "671b", "fp8", "h100", 1024, 61, 2, 8, 4, 64, 1, 8192,
+             MB_MOE_H100_2509, "no later H100 row published"),
+    _moe_row("pretrain_qwen3", "30b_a3b", "fp8", "h100", 16, 48, 1, 1, 1, 16, 1, 1024,
+             MB_MOE_H100_260401),
+    _moe_row("pretrain_qwen3", "235b_a22b", "fp8", "h100", 256, 94, 2, 8, 4, 32, 1, 8192,
+             MB_MOE_H100_260401),
+    _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb300", 256, 61, 1, 2, 4, 32, 1, 4096,
+             MB_MOE_BF16_2511, "without MTP"),
+    _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb200", 256, 61, 1, 4, 4, 64, 1, 4096,
+             MB_MOE_BF16_2511, "without MTP"),
+    _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb300", 256, 94, 1, 4, 12, 16, 2, 8192,
+             MB_MOE_BF16_2511),
+    _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb200", 256, 94, 1, 8, 3, 32, 1, 8192,
+             MB_MOE_BF16_2511),
+]
 
 
 def rows_for(workload: str, size: str | None = None, dtype: str | None = None,
