@@ -181,7 +181,7 @@ def show(
         text = r.source + (f": {r.note}" if r.note else "")
         key = sources.setdefault(text, len(sources) + 1)
         rt.add_row(r.dtype, r.gpu_type, str(r.gpus), str(r.seq_len), str(r.layers), str(r.tp),
-                   str(r.pp), str(r.cp), "NA", str(r.dp), str(r.vp) if r.vp > 1 else "NA",
+                   str(r.pp), str(r.cp), str(r.ep) if r.ep > 1 else "NA", str(r.dp), str(r.vp) if r.vp > 1 else "NA",
                    str(r.mbs), str(r.gbs), str(r.ga), f"[{key}]")
     out.print(rt)
     for text, key in sources.items():
