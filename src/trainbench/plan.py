@@ -524,15 +524,12 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
             p.append(f"{m.n_routed_experts} routed experts do not split over ep={lay.ep}; "
                      "use an ep that divides the expert count")
     if m.is_moe:
-        # Run and checked: DP/FSDP, EP, and TP for Qwen3 MoE (README, "Mixture of experts").
+        # Run and checked: DP/FSDP, EP and TP (README, "Mixture of experts").
         # PP and CP are not wired for the MoE blocks (README says why).
-        for key in ("tp", "pp", "cp"):
-            if key == "tp" and m.family == "qwen3_moe":
-                continue
+        for key in ("pp", "cp"):
             if getattr(lay, key) > 1:
-                p.append(f"{plan.workload} supports only data, expert"
-                         f"{' and tensor' if m.family == 'qwen3_moe' else ''} parallelism "
-                         f"so far ({key}={getattr(lay, key)}); use {key}=1")
+                p.append(f"{plan.workload} supports only data, expert and tensor "
+                         f"parallelism so far ({key}={getattr(lay, key)}); use {key}=1")
         if plan.dtype in FP8_DTYPES:
             p.append(f"{plan.workload} has no FP8 path yet (grouped expert GEMMs); use "
                      "--dtype bf16")

@@ -85,6 +85,12 @@ class MLAttention(nn.Module):
         """Causal attention of q, k [b, heads, s, nope+rope] over v [b, heads, s, v_dim]."""
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
 
+    def shared_rope_key(self, k_rope: torch.Tensor) -> torch.Tensor:
+        """The RoPE key all heads share, as it enters the heads. Tensor parallelism
+        replaces this identity: each rank holds some of the heads, so the key's gradient
+        must be summed over the ranks (engine/parallel/tp.py)."""
+        return k_rope
+
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))
@@ -94,7 +100,7 @@ class MLAttention(nn.Module):
         kv = self.wkv_b(self.kv_norm(latent)).view(b, s, -1, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
         q_rope = apply_rotary(q_rope, *rope)
-        k_rope = apply_rotary(k_rope.unsqueeze(2), *rope)  # one head, shared by all
+        k_rope = self.shared_rope_key(apply_rotary(k_rope.unsqueeze(2), *rope))  # one head
         q = torch.cat((q_nope, q_rope), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
         out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))

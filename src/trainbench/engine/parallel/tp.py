@@ -207,11 +207,68 @@ QWEN3_MOE_PLAN: dict[str, ParallelStyle] = {
 """Qwen3 MoE (engine/models/qwen3_moe.py)."""
 
 
+class _SumGradOverTP(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over the TP ranks (Megatron's "copy
+    to tensor-parallel region")."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _MLAttentionInput(PrepareModuleInput):
+    """DeepSeek-V3's MLA under TP: the sequence gathered in (as for any attention), and the
+    shared RoPE key's gradient summed over the ranks, whose heads each read it."""
+
+    def __init__(self):
+        # A local tensor in: the replicated down-projections are plain modules.
+        super().__init__(input_layouts=(Shard(1), None),
+                         desired_input_layouts=(Replicate(), None), use_local_output=True)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        group = device_mesh.get_group()
+        module.shared_rope_key = lambda k_rope: _SumGradOverTP.apply(k_rope, group)
+        return module
+
+
+def deepseek_v3_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, ParallelStyle]:
+    """DeepSeek-V3: MLA's up-projections (q_b, kv_b; q when it has no low-rank query)
+    split by heads and its out-projection by rows; the low-rank down-projections
+    (q_a, kv_a) and their norms replicated, so each rank rebuilds its own heads from the
+    whole latent. Their gradients come out whole on every rank: the column-parallel
+    up-projections sum their input gradient over TP, and the shared RoPE key's gradient
+    is summed by _MLAttentionInput. The dense blocks' MLP split as usual, the MoE blocks'
+    as in _moe_styles."""
+    from trainbench.engine.models.moe import MoE
+    styles: dict[str, ParallelStyle] = dict(EDGE_PLAN)
+    for key, block in model.layers.items():
+        prefix = f"layers.{key}"
+        styles[f"{prefix}.attention_norm"] = SequenceParallel()
+        styles[f"{prefix}.attention"] = _MLAttentionInput()
+        for name in ("wq", "wq_b", "wkv_b"):
+            styles[f"{prefix}.attention.{name}"] = ColwiseParallel()
+        styles[f"{prefix}.attention.wo"] = RowwiseParallel(output_layouts=Shard(1))
+        styles[f"{prefix}.mlp_norm"] = SequenceParallel()
+        mlp = _moe_styles if isinstance(block.mlp, MoE) else _mlp_styles
+        styles.update(mlp(f"{prefix}.mlp"))
+    return styles
+
+
 PLANS: dict[str, Callable[[nn.Module, Plan | None], dict[str, ParallelStyle]]] = {
     "llama": lambda model, plan: TRANSFORMER_PLAN,
     "nemotron4": lambda model, plan: TRANSFORMER_PLAN,
     "nemotronh": nemotronh_plan,
     "qwen3_moe": lambda model, plan: QWEN3_MOE_PLAN,
+    "deepseek_v3": deepseek_v3_plan,
 }
 """Family -> its tensor-parallel plan. A new family adds one entry."""
 
