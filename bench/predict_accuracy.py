@@ -33,11 +33,12 @@ import sys
 
 from trainbench.catalog import recipes
 from trainbench.catalog.references import REFERENCES
-from trainbench.catalog.heldout import HELD_OUT, HeldOutRow
+from trainbench.catalog.heldout import HELD_OUT, HELD_OUT_MOE, HeldOutRow
 from trainbench.plan import build_plan
 from trainbench.predict import calibrate
 from trainbench.predict.constants import Constants, default_constants, transfer_constants
 from trainbench.predict.perf import predict_step
+from trainbench.predict.published import published_plan
 
 # The published runs shard with Megatron's distributed optimizer, or Megatron FSDP where a
 # table says FSDP=1 (catalog.heldout); the seed cells as their recipes ran (MaxText: FSDP).
@@ -147,6 +148,45 @@ def predict_heldout(constants: Constants, measured_gemm: bool = True) -> list[di
     return out
 
 
+def predict_moe(constants: Constants) -> list[dict]:
+    """The published MoE rows (catalog.heldout.HELD_OUT_MOE), predicted with the given
+    constants (fitted on the dense seed cells only; nothing is fitted on MoE rows) carried
+    to each row's GPU type, under Megatron's distributed optimizer as the rows ran."""
+    out = []
+    for row in HELD_OUT_MOE:
+        plan = published_plan(row.workload, row.size, row.dtype, row.gpus, row.gpu_type,
+                              tp=row.tp, pp=row.pp, cp=row.cp, ep=row.ep, vp=row.vp,
+                              mbs=row.mbs, gbs=row.gbs, seq_len=row.seq_len,
+                              source=row.source)
+        c = transfer_constants(constants, row.gpu_type)[0]
+        pred = predict_step(plan, sharding="distributed_optimizer", constants=c)
+        out.append({"row": row.key, "gpu": row.gpu_type, "source": row.source,
+                    "measured_s": row.step_time_s, "predicted_s": pred.step_time_s,
+                    "error_pct": 100 * (pred.step_time_s / row.step_time_s - 1),
+                    "ep_comm_share": pred.shares["ep_comm"]})
+    return out
+
+
+def moe_summary(rows: list[dict]) -> dict:
+    h100 = [abs(r["error_pct"]) for r in rows if r["gpu"] == "h100"]
+    return {"rows": len(rows), "mean_abs_error_pct": statistics.fmean(
+                abs(r["error_pct"]) for r in rows),
+            "mean_signed_error_pct": statistics.fmean(r["error_pct"] for r in rows),
+            "h100_rows": len(h100), "h100_mean_abs_error_pct": statistics.fmean(h100)}
+
+
+def print_moe(rows: list[dict], label: str) -> None:
+    stats = moe_summary(rows)
+    print(f"\nMoE rows (held out, nothing fitted on them; {label}): {stats['rows']} rows, "
+          f"mean |error| {stats['mean_abs_error_pct']:.1f}% (signed "
+          f"{stats['mean_signed_error_pct']:+.1f}%), H100 {stats['h100_rows']} rows "
+          f"{stats['h100_mean_abs_error_pct']:.1f}%")
+    for r in rows:
+        print(f"    {r['row']:76} {r['measured_s']:7.2f} s  predicted {r['predicted_s']:7.2f} s"
+              f"  {r['error_pct']:+6.1f}%  (all-to-all {100 * r['ep_comm_share']:.0f}%)"
+              f"  [{r['source'].split(', ')[0]}]")
+
+
 def heldout_diagnostics(constants: Constants) -> dict[str, float]:
     """What dominates the held-out error: the mean |error| again with one kind of
     non-GEMM work charged at its H100 speed instead of scaled by the spec sheet (flash
@@ -243,6 +283,7 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
                      "other_gpu_types_mean_abs_error_pct_without_measured_gemm":
                      statistics.fmean(other(unscaled_rows)),
                      "diagnostics_mean_abs_error_pct": heldout_diagnostics(full)},
+        "moe_fitted_constants": predict_moe(full),
         "fitted_constants": full.to_dict(),
         "sweeps": sweeps,
     }
@@ -299,8 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = predict_references(config, corrections=not args.catalog_only)
     stats = summary(rows)
     acc = None if args.quick else accuracy_splits()
+    moe = predict_moe(default_constants("h100"))
     if args.format == "json":
-        json.dump({"cells": rows, "summary": stats, "accuracy": acc}, sys.stdout, indent=2)
+        json.dump({"cells": rows, "summary": stats, "accuracy": acc, "moe": moe,
+                   "moe_summary": moe_summary(moe)}, sys.stdout, indent=2)
         print()
         return 0
     head = (f"{'workload':19} {'size':10} {'dtype':5} {'GPUs':>5}  {'layout':42} "
@@ -317,8 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{stats['cells']} cells: mean |error| {stats['mean_abs_error_pct']:.1f}%, "
           f"max |error| {stats['max_abs_error_pct']:.1f}%, "
           f"{stats['within_10_pct']} within 10%, {stats['within_20_pct']} within 20%")
+    print_moe(moe, "predict's default constants")
     if acc is not None:
         print_splits(acc)
+        print_moe(acc["moe_fitted_constants"], "constants fitted on the dense seed cells")
     return 0
 
 

@@ -110,11 +110,18 @@ class Groups:
     """Ranks one FSDP group shards over (dp_shard x cp; all of dp x cp without HSDP)."""
     replicas: Group
     """FSDP replicas (HSDP): gradients are all-reduced across them."""
+    ep: Group = Group(1, 1)
+    """Expert-parallel ranks: the token all-to-all's group."""
 
 
-def groups_for(tp: int, cp: int, dp: int, pp: int, dp_shard: int = 0) -> Groups:
+def groups_for(tp: int, cp: int, dp: int, pp: int, dp_shard: int = 0, ep: int = 1) -> Groups:
     shard = dp_shard if dp_shard and dp_shard < dp else dp
+    # EP within DP (trainbench's engine, torchtitan) strides over the data ranks; an EP
+    # larger than DP is Megatron-Core's expert layout with ETP 1, where the expert ranks
+    # run tp fastest, so the group is contiguous.
+    ep_group = Group(ep, tp * cp) if ep <= dp and dp % ep == 0 else Group(ep, 1)
     return Groups(
+        ep=ep_group,
         tp=Group(tp, 1),
         cp=Group(cp, tp),
         dp=Group(dp, tp * cp),
@@ -124,3 +131,31 @@ def groups_for(tp: int, cp: int, dp: int, pp: int, dp_shard: int = 0) -> Groups:
         fsdp=Group(shard * cp, tp),
         replicas=Group(dp // shard, tp * cp * shard),
     )
+
+
+def moe_all_to_all_bytes(tokens: float, top_k: int, hidden: int, dtype_bytes: float,
+                         ep: int) -> float:
+    """Bytes one rank sends in one token all-to-all (dispatch or combine) of an MoE layer.
+
+    Each of the rank's tokens goes to top_k experts as a hidden-wide row; under balanced
+    routing (the published MoE benchmarks force-balance it) a fraction (ep-1)/ep of those
+    rows live on other ranks of the EP group.
+    """
+    if ep <= 1:
+        return 0.0
+    return tokens * top_k * hidden * dtype_bytes * (ep - 1) / ep
+
+
+def all_to_all_s(size_bytes: float, group: Group, dev: Device) -> float:
+    """One all-to-all in which each rank sends `size_bytes` spread evenly over the other
+    group members: the rows for ranks in the same NVLink domain go over NVLink, the rest
+    through the rank's own NIC, both at once (the slower side decides)."""
+    if group.size <= 1 or size_bytes <= 0:
+        return 0.0
+    k = members_per_domain(group, dev.nvlink_domain)
+    local = size_bytes * (k - 1) / (group.size - 1)
+    remote = size_bytes - local
+    t = local / (dev.intra_node_busbw_gbs * 1e9)
+    if remote > 0:
+        t = max(t, remote / (dev.network_gbs * 1e9))
+    return latency_s(group.size, dev) + t

@@ -98,7 +98,8 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     consts = constants or constants_for(plan.gpu_type, config)
     lay = plan.layout
     shape = Shape(mbs=plan.mbs, seq_len=plan.seq_len, tp=lay.tp, cp=lay.cp,
-                  act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype == "fp8")
+                  act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype == "fp8",
+                  ep=lay.ep)
     kinds = {"embedding", "head"} | {k for k, n in plan.model.layer_counts().items()
                                      if n and k != "block"}
     work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}
@@ -107,5 +108,5 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     return Context(plan=plan, device=dev, constants=consts,
                    sharding=resolve_sharding(plan, sharding), shape=shape, work=work,
                    chunks=chunks, ranks=rank_chunks(chunks, lay.pp),
-                   groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, dp_shard),
+                   groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, dp_shard, lay.ep),
                    requested_sharding=sharding)

@@ -15,19 +15,21 @@ from dataclasses import asdict, dataclass, field
 from .. import flops as fl
 from .. import metrics
 from ..plan import Plan
-from .comm import (all_gather_s, all_reduce_s, crosses_domains, p2p_s, reduce_scatter_s,
-                   ring_latency_s)
+from .comm import (all_gather_s, all_reduce_s, all_to_all_s, crosses_domains, p2p_s,
+                   reduce_scatter_s, ring_latency_s)
 from .constants import Constants
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import Device
 from .memory import MemoryPrediction, memory_from_context
 from .work import LayerWork, Linear
 
-PARTS = ("compute", "tp_comm", "cp_comm", "pp_p2p", "bubble", "dp_comm", "optimizer")
+PARTS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "bubble", "dp_comm",
+         "optimizer")
 PART_LABELS = {
     "compute": "compute",
     "tp_comm": "TP/SP collectives (exposed)",
     "cp_comm": "CP K/V exchange (exposed)",
+    "ep_comm": "EP token all-to-all (exposed)",
     "pp_p2p": "PP point-to-point (exposed)",
     "bubble": "pipeline bubble",
     "dp_comm": "DP/FSDP collectives (exposed)",
@@ -47,7 +49,7 @@ def gemm_efficiency(c: Constants, fp8: bool, lin: Linear) -> float:
     """Achieved fraction of peak for one GEMM: the large-matrix efficiency times a
     fall-off for the smallest dimension, d / (d + d_half) (wave quantisation and the
     memory-bound regime of thin matrices; Williams et al. 2009, the roofline model)."""
-    d = min(lin.m, lin.k, lin.n)
+    d = min(lin.group_m or lin.m, lin.k, lin.n)
     return (c.gemm_eff_fp8 if fp8 else c.gemm_eff_bf16) * d / (d + c.gemm_half_dim)
 
 
@@ -69,6 +71,9 @@ class LayerTime:
     tp_comm: float
     """Raw time of the tensor-parallel collectives (before overlap)."""
     cp_comm: float
+    ep_comm: float = 0.0
+    """The MoE token all-to-alls; not overlapped (Megatron-Core's alltoall dispatcher waits
+    on them unless its optional EP overlap is enabled)."""
 
     @property
     def compute(self) -> float:
@@ -119,8 +124,11 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
         recompute = (gemm + attention + scan) / 3 + 0.4 * memory_bound + overhead / 3 + tp / 2
     elif plan.recompute == "selective" and lw.kind == "attention":
         recompute = attention / 3  # core attention's forward again (Korthikanti et al. 2022)
+    # Dispatch and combine, forward and backward: four all-to-alls per MoE layer.
+    ep = 4 * all_to_all_s(lw.ep_a2a_bytes, ctx.groups.ep, dev) if lw.ep_a2a_bytes else 0.0
     return LayerTime(gemm=gemm, attention=attention, scan=scan, memory_bound=memory_bound,
-                     overhead=overhead, recompute=recompute, tp_comm=tp, cp_comm=cp)
+                     overhead=overhead, recompute=recompute, tp_comm=tp, cp_comm=cp,
+                     ep_comm=ep)
 
 
 @dataclass
@@ -138,7 +146,8 @@ class RankTime:
 
 def rank_time(ctx: Context, rank: int, times: dict[str, LayerTime]) -> RankTime:
     c, dev, lay = ctx.constants, ctx.device, ctx.plan.layout
-    rt = RankTime(parts={k: 0.0 for k in ("compute", "tp_comm", "cp_comm", "pp_p2p")},
+    rt = RankTime(parts={k: 0.0 for k in ("compute", "tp_comm", "cp_comm", "ep_comm",
+                                          "pp_p2p")},
                   compute_parts={k: 0.0 for k in COMPUTE_PARTS})
     hidden = 0.0
     for chunk in ctx.rank_counts[rank]:
@@ -148,6 +157,7 @@ def rank_time(ctx: Context, rank: int, times: dict[str, LayerTime]) -> RankTime:
                 rt.compute_parts[part] += n * getattr(lt, part)
             rt.parts["tp_comm"] += n * (1 - c.tp_overlap) * lt.tp_comm
             rt.parts["cp_comm"] += n * (1 - c.cp_overlap) * lt.cp_comm
+            rt.parts["ep_comm"] += n * lt.ep_comm
             hidden += n * (c.tp_overlap * lt.tp_comm + c.cp_overlap * lt.cp_comm)
             rt.params += n * ctx.work[kind].params
             if kind != "mlp" or ctx.plan.model.is_hybrid:
@@ -283,7 +293,8 @@ def predict_from_context(ctx: Context, memory: MemoryPrediction | None = None
     dp_exposed, dp_hidden = data_parallel_time(ctx, rt, t_mb)
     optimizer = optimizer_time(ctx, rt)
     slowdown = ctx.constants.comm_slowdown * dp_hidden
-    breakdown = {part: m * rt.parts[part] for part in ("compute", "tp_comm", "cp_comm", "pp_p2p")}
+    breakdown = {part: m * rt.parts[part]
+                 for part in ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p")}
     breakdown["compute"] += slowdown
     breakdown.update(bubble=bubble, dp_comm=dp_exposed, optimizer=optimizer)
     compute_parts = {k: m * v for k, v in rt.compute_parts.items()}

@@ -44,8 +44,8 @@ class Candidate:
     def why(self) -> str:
         """The costs beyond compute that set this layout apart, and its memory."""
         p = self.prediction
-        labels = {"tp_comm": "TP", "cp_comm": "CP", "pp_p2p": "PP p2p", "bubble": "bubble",
-                  "dp_comm": "DP", "optimizer": "optimizer"}
+        labels = {"tp_comm": "TP", "cp_comm": "CP", "ep_comm": "EP a2a", "pp_p2p": "PP p2p",
+                  "bubble": "bubble", "dp_comm": "DP", "optimizer": "optimizer"}
         costs = sorted(((p.shares[k], name) for k, name in labels.items() if p.shares[k] >= 0.002),
                        reverse=True)
         parts = [f"{name} {100 * share:.1f}%" for share, name in costs[:3]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import flops as fl
+from .comm import moe_all_to_all_bytes
 from ..catalog.models import ModelSpec
 
 KINDS = ("attention", "mlp", "moe", "mamba", "embedding", "head")
@@ -27,6 +28,9 @@ class Linear:
     n: int
     fp8: bool
     """Runs in FP8 in an FP8 recipe (Transformer Engine layers; not the output head)."""
+    group_m: int = 0
+    """Rows of each GEMM when this is a grouped GEMM (m rows over several experts), which
+    decide its efficiency; 0 = one GEMM of m rows."""
 
     @property
     def flops(self) -> float:
@@ -63,6 +67,9 @@ class LayerWork:
     reduce-scatters forward and gathers backward, the head the reverse."""
     cp_kv_bytes: float = 0.0
     """K and V this GPU sends around the context-parallel ring in one forward pass."""
+    ep_a2a_bytes: float = 0.0
+    """Bytes this GPU sends in one token all-to-all of an MoE layer (four per microbatch:
+    dispatch and combine, forward and backward)."""
 
     @property
     def gemm_flops(self) -> float:
@@ -79,6 +86,7 @@ class Shape:
     act_bytes: int
     """Bytes per activation element: 2 for bf16/fp8 recipes, 4 for fp32."""
     fp8: bool
+    ep: int = 1
 
     @property
     def tokens(self) -> int:
@@ -87,6 +95,21 @@ class Shape:
 
 
 def attention_linears(m: ModelSpec, sh: Shape) -> tuple[Linear, ...]:
+    if m.kv_lora_rank:
+        # Multi-head latent attention (DeepSeek-V3 sec. 2.1.1): q down to q_lora_rank and
+        # up to heads x (nope + rope); kv down to kv_lora_rank plus the shared rope key, up
+        # to heads x (nope + v); output from heads x v. Down projections are replicated
+        # across TP (Megatron-Core), up and output projections split.
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q_in = m.q_lora_rank or m.hidden
+        lins = [Linear("q_down", sh.tokens, m.hidden, m.q_lora_rank, sh.fp8)] if m.q_lora_rank else []
+        return (*lins,
+                Linear("q_up", sh.tokens, q_in, m.heads * qk // sh.tp, sh.fp8),
+                Linear("kv_down", sh.tokens, m.hidden, m.kv_lora_rank + m.qk_rope_head_dim,
+                       sh.fp8),
+                Linear("kv_up", sh.tokens, m.kv_lora_rank,
+                       m.heads * (m.qk_nope_head_dim + m.v_head_dim) // sh.tp, sh.fp8),
+                Linear("out", sh.tokens, m.heads * m.v_head_dim // sh.tp, m.hidden, sh.fp8))
     q_out, kv_out = m.heads * m.head_dim, m.kv_heads * m.head_dim
     # Column-parallel QKV, row-parallel output projection (Megatron-LM, Shoeybi et al. 2019).
     return (Linear("qkv", sh.tokens, m.hidden, (q_out + 2 * kv_out) // sh.tp, sh.fp8),
@@ -132,7 +155,9 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
 
     if kind == "attention":
         lins = attention_linears(m, sh)
-        total = fl.attention_layer_flops_causal(m, sh.seq_len) * sh.mbs / (sh.cp * t)
+        per_seq = (fl.mla_layer_flops(m, sh.seq_len) if m.is_mla
+                   else fl.attention_layer_flops_causal(m, sh.seq_len))
+        total = per_seq * sh.mbs / (sh.cp * t)
         gemm = sum(x.flops for x in lins)
         q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
         rope = 4.0 * (q + kv) * tok / t if m.position_embedding == "rope" else 0.0
@@ -166,21 +191,30 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
                          input_bytes=input_bytes, params=params,
                          tp_gather_bytes=(gather,) if t > 1 else ())
     if kind == "moe":
-        # A first, rough MoE layer (issue 20 item 4 is still open): no tensor or expert
-        # parallelism (plan.py refuses both for MoE), the router GEMM and the SwiGLU of
-        # the top_k routed plus shared experts per token; every expert's weights held.
-        f, E = m.moe_ffn, m.n_routed_experts
-        routed = tok * (m.top_k + m.n_shared_experts)
-        lins = (Linear("router", tok, h, E, False),
-                Linear("experts_up", routed, h, 2 * f, sh.fp8),
-                Linear("experts_down", routed, f, h, sh.fp8))
-        # The permuted copy of each token per expert it goes to, gathered and scattered
-        # back forward and backward, plus SwiGLU's traffic as in 'mlp'.
-        hbm = (norm_residual + 8.0 * f * routed / tok + 4.0 * h * routed / tok) * tok * b
-        kept = (2.0 * b + gb) * f * routed + h * routed * b + E * tok * 4
-        params = h * E + (E + m.n_shared_experts) * 3 * h * f + h
-        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=norm_saved + kept,
-                         input_bytes=input_bytes, params=params)
+        # Sequence parallelism hands the MoE layer tokens/tp per rank; with ETP 1 (the
+        # published recipes, and trainbench's engine) experts are whole on each rank and
+        # the routed rows go to the EP rank holding their expert: under balanced routing
+        # each rank computes tokens/tp x top_k rows over its E/ep local experts.
+        f, E, ep = m.moe_ffn, m.n_routed_experts, max(sh.ep, 1)
+        mine = tok / t
+        rows = mine * m.top_k
+        per_expert = max(1, round(rows * ep / E))
+        lins = [Linear("router", int(mine), h, E, False),
+                Linear("experts_up", int(rows), h, 2 * f, sh.fp8, group_m=per_expert),
+                Linear("experts_down", int(rows), f, h, sh.fp8, group_m=per_expert)]
+        if m.n_shared_experts:
+            fs = f * m.n_shared_experts
+            lins += [Linear("shared_up", tok, h, 2 * fs // t, sh.fp8),
+                     Linear("shared_down", tok, fs // t, h, sh.fp8)]
+        # The permuted copy of each row per expert, gathered and scattered back forward and
+        # backward, plus SwiGLU's traffic as in 'mlp' (routed and shared rows).
+        shared_rows = mine * m.n_shared_experts
+        hbm = (norm_residual + 8.0 * f * (rows + shared_rows) + 4.0 * h * rows) * b
+        kept = ((2.0 * b + gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
+        params = (h * E + (E // ep) * 3 * h * f + m.n_shared_experts * 3 * h * f / t + h)
+        return LayerWork(kind, tuple(lins), hbm_bytes=hbm, act_bytes=norm_saved + kept,
+                         input_bytes=input_bytes, params=params,
+                         ep_a2a_bytes=moe_all_to_all_bytes(mine, m.top_k, h, b, ep))
     if kind == "mamba":
         lins = mamba_linears(m, sh)
         d_inner, gn, H = m.mamba_d_inner / t, m.mamba_groups * m.mamba_state / t, m.mamba_heads / t

@@ -1,0 +1,45 @@
+"""Plans for published layouts that trainbench's engine cannot run yet, so `predict`
+can compare itself with them.
+
+NVIDIA's MoE rows (catalog.heldout.HELD_OUT_MOE) run pipeline parallelism, FP8 and an EP
+larger than DP (Megatron-Core's expert layout with ETP 1: the experts of a pipeline
+stage spread over its TP x DP ranks), which plan validation refuses for the MoE models
+because the engine has no such path. Predicting such a layout needs only its arithmetic
+to hold: the plan is built with a layout validation accepts and then given the published
+one, after the checks that matter to the model here. Pure Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..catalog import hardware
+from ..catalog.models import get_model
+from ..plan import Layout, Plan, PlanError, build_plan
+
+
+def published_plan(workload: str, size: str, dtype: str, gpus: int, gpu_type: str, *,
+                   tp: int, pp: int, cp: int, ep: int, vp: int, mbs: int, gbs: int,
+                   seq_len: int, recompute: str = "selective", source: str = "published") -> Plan:
+    """The plan of a published layout, for prediction only (PlanError when its numbers
+    do not fit together)."""
+    problems = []
+    if gpus % (tp * pp * cp):
+        problems.append(f"{gpus} GPUs do not split into TP{tp} x PP{pp} x CP{cp}")
+    dp = gpus // (tp * pp * cp) if not problems else 1
+    if not problems and (tp * dp * cp) % ep:
+        problems.append(f"EP{ep} does not divide the TP x DP x CP ranks of a stage "
+                        f"({tp * dp * cp})")
+    if not problems and gbs % (mbs * dp):
+        problems.append(f"GBS {gbs} is not a multiple of MBS {mbs} x DP {dp}")
+    if problems:
+        raise PlanError(problems)
+    # The tiny size's bf16 plan carries everything but the model, the dtype and the layout
+    # (the real sizes' recipe rows are FP8, which validation refuses for MoE models).
+    base = build_plan(workload, "tiny", "bf16", gpus, gpu_type,
+                      overrides=dict(tp=1, pp=1, cp=1, ep=1, dp=gpus, vp=1, mbs=mbs, gbs=gbs,
+                                     seq_len=seq_len, recompute=recompute))
+    gpu = hardware.get_gpu(gpu_type)
+    return replace(base, model=get_model(workload, size), size=size, dtype=dtype,
+                   peak_tflops=gpu.peak(dtype), recipe_source=source,
+                   layout=Layout(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, vp=vp))
