@@ -531,8 +531,11 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
                 p.append(f"{plan.workload} supports only data, expert and tensor "
                          f"parallelism so far ({key}={getattr(lay, key)}); use {key}=1")
         if plan.dtype in FP8_DTYPES:
-            p.append(f"{plan.workload} has no FP8 path yet (grouped expert GEMMs); use "
-                     "--dtype bf16")
+            # torchao 0.18's MoE float8 (prototype/moe_training) quantises with Triton
+            # kernels and multiplies with torch._scaled_grouped_mm: CUDA only, no CPU kernel.
+            p.append(f"{plan.workload}: FP8 for MoE needs torchao's float8 grouped GEMM "
+                     "(torch._scaled_grouped_mm and Triton kernels, CUDA GPUs only), which "
+                     "trainbench does not use yet; use --dtype bf16")
     if lay.vp > 1 and lay.pp == 1:
         p.append(f"VP={lay.vp} needs pipeline parallelism (PP > 1); set vp=1 or pp>1")
     layers = pipeline_layers(m)
