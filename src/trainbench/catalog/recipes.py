@@ -190,6 +190,13 @@ def find_row(workload: str, size: str, dtype: str, gpus: int, gpu_type: str) -> 
     own = [r for r in candidates if r.gpu_type in (gpu_type, ANY_DEVICE)]
     borrowed = not own
     pool = own or [r for r in candidates if r.gpu_type == "h100"]
+    if not pool:
+        # The MoE sizes' BF16 layouts were published for GB200/GB300 only.
+        where = ", ".join(sorted({f"{r.gpu_type} x{r.gpus}" for r in candidates}))
+        raise LookupError(
+            f"{workload} {size} has no {dtype} recipe for {gpu_type} (published: {where}); "
+            "use --gpu with one of those, another --dtype, or give the layout with --set "
+            "tp=.. pp=.. cp=.. ep=.. dp=.. vp=..")
     for row in pool:
         if row.gpus == gpus:
             if borrowed:
