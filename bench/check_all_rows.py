@@ -37,7 +37,7 @@ def main() -> int:
     from trainbench.plan import build_plan
     from trainbench.predict.memory import predict_memory
 
-    rows = [r for r in recipes.RECIPES if r.gpu_type == "h100"
+    rows = [r for r in recipes.RECIPES if r.gpu_type == "h100" and r.source.startswith("seed")
             and args.only in f"{r.workload} {r.size} {r.dtype} {r.gpus}"]
     built = failed = off = 0
     start_all = time.perf_counter()

@@ -15,7 +15,10 @@ def test_every_recipe_row_is_consistent(row):
     assert row.gbs == row.mbs * row.dp * row.ga
     model = get_model(row.workload, row.size)
     assert model.heads % row.tp == 0 and model.kv_heads % row.tp == 0
-    assert planmod.layers_split_ok(row.layers, row.pp * row.vp)
+    if "uneven pipeline layout" in row.note:  # DeepSeek-V3's published Megatron layout
+        assert row.pp * row.vp <= row.layers + 2
+    else:
+        assert planmod.layers_split_ok(row.layers, row.pp * row.vp)
 
 
 def test_seed_tables_are_complete():

@@ -85,7 +85,9 @@ def test_pipeline_schedule_rules_are_validated():
     assert any("CP*TP = 2*4" in p for p in _problems(tp=4, cp=2, dp=1, seq_len=132))
 
 
-H100_ROWS = [r for r in recipes.RECIPES if r.gpu_type == "h100"]
+# The seed rows (the MoE rows' published layouts run PP and FP8, which the engine refuses
+# for MoE: tests/test_moe_recipes.py covers them).
+H100_ROWS = [r for r in recipes.RECIPES if r.gpu_type == "h100" and r.source.startswith("seed")]
 
 # The seeds' H100 tables, counted by hand (scales x dtypes): Llama 3.1 8B 5 x 2, 70B 6 x 2,
 # the 405B proxies 3 x 2 and 405B 3 x 2 (seed 002); Llama 2 70B 6 x 2 (seed 001);

@@ -132,20 +132,25 @@ def _moe_row(workload, size, dtype, gpu_type, gpus, layers, tp, pp, vp, ep, mbs,
                      note=("ETP 1" + ("; " + note if note else "")), recompute="selective")
 
 
+# 61 layers do not split evenly over the stages: Megatron-Core places them with an uneven
+# pipeline layout (deepseek_v3_llm_pretrain.yaml @fa0315a: "Et|(tt|)*30mL" for PP8 x VP4,
+# the embedding and one layer, 30 stages of two, the last layer and the loss).
+_DSV3_LAYOUT = "uneven pipeline layout (Megatron pipeline_model_parallel_layout)"
+
 # The real MoE sizes: NVIDIA's published layouts (catalog.heldout holds their step times).
 # H100 published FP8 only; BF16 layouts were published for GB200/GB300 only. Recompute:
 # the recipes' "selective" (deepseek_v3_llm_pretrain.yaml @fa0315a).
 RECIPES += [
     _moe_row("pretrain_deepseek_v3", "671b", "fp8", "h100", 1024, 61, 2, 8, 4, 64, 1, 8192,
-             MB_MOE_H100_2509, "no later H100 row published"),
+             MB_MOE_H100_2509, "no later H100 row published; " + _DSV3_LAYOUT),
     _moe_row("pretrain_qwen3", "30b_a3b", "fp8", "h100", 16, 48, 1, 1, 1, 16, 1, 1024,
              MB_MOE_H100_260401),
     _moe_row("pretrain_qwen3", "235b_a22b", "fp8", "h100", 256, 94, 2, 8, 4, 32, 1, 8192,
              MB_MOE_H100_260401),
     _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb300", 256, 61, 1, 2, 4, 32, 1, 4096,
-             MB_MOE_BF16_2511, "without MTP"),
+             MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT),
     _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb200", 256, 61, 1, 4, 4, 64, 1, 4096,
-             MB_MOE_BF16_2511, "without MTP"),
+             MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT),
     _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb300", 256, 94, 1, 4, 12, 16, 2, 8192,
              MB_MOE_BF16_2511),
     _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb200", 256, 94, 1, 8, 3, 32, 1, 8192,
