@@ -134,3 +134,23 @@ def test_predict_runs_on_every_published_moe_row():
         # Within a factor of two of the published step time: a sanity bound, not the
         # accuracy claim (bench/predict_accuracy.py reports that).
         assert 0.3 < pred.step_time_s / row.step_time_s < 2.0, row.key
+
+
+def test_expert_optimizer_state_is_sharded_over_expert_data_ranks_only():
+    # Qwen3 30B-A3B on 16 H100 at EP16 (26.04.01): each rank holds 8 of the 128 experts in
+    # every one of the 48 layers, and no other rank holds them (16 / 16 = 1 expert-data
+    # rank), so their fp32 master weights and moments (12 B each) are not divided; the rest
+    # of the model is sharded over the 16 data ranks.
+    row = next(r for r in HELD_OUT_MOE if r.size == "30b_a3b" and r.gpu_type == "h100"
+               and r.pp == 1)
+    plan = published_plan(row.workload, row.size, "bf16", row.gpus, row.gpu_type, tp=row.tp,
+                          pp=row.pp, cp=row.cp, ep=row.ep, vp=row.vp, mbs=row.mbs,
+                          gbs=row.gbs, seq_len=row.seq_len)  # bf16: no FP8 weight copies
+    pred = predict_step(plan, sharding="distributed_optimizer",
+                        constants=default_constants("h100"))
+    expert = 48 * 8 * 3 * 2048 * 768
+    total = pred.memory.weights / 2  # bf16 weights: every parameter this rank holds
+    dense = total - expert
+    assert pred.memory.optimizer == pytest.approx(12 * (dense / 16 + expert))
+    # All 128 experts would be 16x the expert weights this rank holds.
+    assert total < 48 * 128 * 3 * 2048 * 768 / 4

@@ -36,7 +36,8 @@ def test_json_output_has_the_documented_keys():
     assert JSON_KEYS <= set(data)
     assert data["fits"] is True and data["constants_source"] == "defaults"
     assert set(data["breakdown"]) == {"compute", "tp_comm", "cp_comm", "pp_p2p", "bubble",
-                                      "dp_comm", "optimizer"}
+                                      "dp_comm", "ep_comm", "optimizer"}
+    assert data["breakdown"]["ep_comm"]["seconds"] == 0  # a dense model has no all-to-all
     assert sum(v["seconds"] for v in data["breakdown"].values()) == pytest.approx(
         data["step_time_s"])
     assert data["published_step_time_s"] == 12.27

@@ -19,10 +19,10 @@ SIZES = [1024, 2048, 4096, 8192]
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
     root = tmp_path_factory.mktemp("probe_root")
-    # Rank 1's GEMMs and copies run at half their real rate (it waits inside the timed
+    # Rank 1's GEMMs and copies run at a quarter of their real rate (it waits inside the timed
     # region); everything else in the run is untouched.
     res = run_cli("probe", "--scale", "2", "--gpu", "cpu", "--max-size", "8K", root=root,
-                  env={P.SLOW_RANK_ENV: "1:0.5"}, timeout=600)
+                  env={P.SLOW_RANK_ENV: "1:0.25"}, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (out_dir,) = (root / "probes").iterdir()
     return res, out_dir, json.loads((out_dir / P.PROFILE_FILE).read_text())
@@ -85,7 +85,9 @@ def test_probe_names_the_slowed_rank(probed):
     res, _, prof = probed
     r0, r1 = prof["ranks"]
     for g0, g1 in zip(r0["gemm"], r1["gemm"]):
-        assert g1["tflops"] < 0.7 * g0["tflops"]  # half speed, with room for noise
+        # A quarter of the speed; the bound leaves room for two busy cores' noise (a
+        # half-speed hook measured 0.73 of its peer on a loaded CI machine).
+        assert g1["tflops"] < 0.5 * g0["tflops"]
     verdict = prof["verdict"]
     assert verdict["status"] == "slow"
     slow = [f for f in verdict["findings"] if f["kind"] == "rank"]

@@ -159,17 +159,25 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
                      for k, n in kinds.items())
     mixed = plan.dtype != "fp32"
     opt_shards = lay.dp * lay.cp
+    # Routed experts are already split over EP; what is left of the data ranks (expert data
+    # parallelism) shards them: dp*cp/ep where EP sits inside DP (the engine, torchtitan),
+    # tp*dp*cp/ep for Megatron-Core's ETP 1 layout where EP spans TP x DP.
+    expert = sum(ctx.work[k].expert_params * n for k, n in kinds.items())
+    dense = params - expert
+    ranks = lay.dp * lay.cp * (lay.tp if lay.ep > lay.dp else 1)
+    expert_shards = max(1, ranks // lay.ep)
     if ctx.sharding == DISTRIBUTED_OPTIMIZER:
         weights = (2.0 if mixed else 4.0) * params
         weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
         grads = (2.0 if mixed else 4.0) * params
-        optimizer = (12.0 if mixed else 8.0) * params / opt_shards
+        optimizer = (12.0 if mixed else 8.0) * (dense / opt_shards + expert / expert_shards)
         transient = 0.0
     else:
         shard = ctx.groups.fsdp.size
-        weights = 4.0 * params / shard
-        grads = 4.0 * params / shard
-        optimizer = 8.0 * params / shard
+        eshard = max(1, shard // lay.ep) if expert else 1
+        weights = 4.0 * (dense / shard + expert / eshard)
+        grads = 4.0 * (dense / shard + expert / eshard)
+        optimizer = 8.0 * (dense / shard + expert / eshard)
         unit = _unit_param_max(ctx)
         # Two gathered units alive (the running one and the prefetched one) and one unit's
         # unsharded fp32 gradients before they are reduce-scattered (FSDP2 / ZeRO-3).

@@ -70,6 +70,9 @@ class LayerWork:
     ep_a2a_bytes: float = 0.0
     """Bytes this GPU sends in one token all-to-all of an MoE layer (four per microbatch:
     dispatch and combine, forward and backward)."""
+    expert_params: float = 0.0
+    """The routed experts' share of `params` (this GPU's E/ep experts): their gradients and
+    optimizer state are sharded over the expert-data-parallel ranks only."""
 
     @property
     def gemm_flops(self) -> float:
@@ -214,7 +217,8 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         params = (h * E + (E // ep) * 3 * h * f + m.n_shared_experts * 3 * h * f / t + h)
         return LayerWork(kind, tuple(lins), hbm_bytes=hbm, act_bytes=norm_saved + kept,
                          input_bytes=input_bytes, params=params,
-                         ep_a2a_bytes=moe_all_to_all_bytes(mine, m.top_k, h, b, ep))
+                         ep_a2a_bytes=moe_all_to_all_bytes(mine, m.top_k, h, b, ep),
+                         expert_params=(E // ep) * 3 * h * f)
     if kind == "mamba":
         lins = mamba_linears(m, sh)
         d_inner, gn, H = m.mamba_d_inner / t, m.mamba_groups * m.mamba_state / t, m.mamba_heads / t

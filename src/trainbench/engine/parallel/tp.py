@@ -65,8 +65,28 @@ def _mlp_styles(prefix: str) -> dict[str, ParallelStyle]:
 
 
 # Embedding, final norm and output head: the same for every family here.
+class _EmbeddingParallel(RowwiseParallel):
+    """The embedding split by vocabulary rows, its output left as a sequence shard.
+
+    The shard comes out of the reduce-scatter as an AsyncCollectiveTensor (the wait is
+    deferred to its first use). Fed as it is into a torch.compile'd block, the compiled
+    backward returned a zero gradient for it (torch 2.13, gloo: the embedding never
+    learned under TP with compile, while every block's own gradients were right). An
+    eager copy waits for the collective and hands the block a plain tensor with its
+    autograd history; it costs one [b, s/tp, hidden] copy per microbatch.
+    """
+
+    def __init__(self):
+        super().__init__(input_layouts=Replicate(), output_layouts=Shard(1))
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        module.register_forward_hook(lambda mod, args, out: out.clone())
+        return module
+
+
 EDGE_PLAN: dict[str, ParallelStyle] = {
-    "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+    "tok_embeddings": _EmbeddingParallel(),
     "norm": SequenceParallel(),
     # Logits stay a DTensor sharded over the vocabulary, for loss_parallel.
     "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
