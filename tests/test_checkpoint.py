@@ -84,8 +84,13 @@ FAMILIES = ["pretrain_llama3.1", "pretrain_nemotron4", "pretrain_nemotronh"]
 RESHARDS = [("DP2", "TP2"), ("TP2", "DP1"), ("PP2", "DP2")]
 # What Nemotron-4 adds over Llama is its TP plan (an ungated MLP, LayerNorm with bias),
 # exercised by TP2 -> DP1; FSDP and PP split it by whole parameters and layers as Llama.
+# A checkpoint saved under the transformer TP plan is read back by Nemotron-4's TP2 -> DP1
+# (Llama's attention and gated MLP under TP are loaded by its DP2 -> TP2), so Llama skips
+# TP2 -> DP1 (suite time). Nemotron-H keeps both directions: its Mamba rows were once
+# stored by TP in another order than DP.
 CASES = [(w, src, dst) for w in FAMILIES for src, dst in RESHARDS
-         if w != "pretrain_nemotron4" or (src, dst) == ("TP2", "DP1")]
+         if (w, src, dst) != ("pretrain_llama3.1", "TP2", "DP1")
+         and (w != "pretrain_nemotron4" or (src, dst) == ("TP2", "DP1"))]
 # In the quick set: DP2 -> TP2 for Llama (its DP2 run is shared with the tests above) and
 # for Nemotron-H, whose Mamba rows TP once stored in another order than DP.
 QUICK = {("pretrain_llama3.1", "DP2", "TP2"), ("pretrain_nemotronh", "DP2", "TP2")}

@@ -21,9 +21,8 @@ pytestmark = pytest.mark.dist
 PARITY_RTOL = 1e-5
 
 TWO_RANK_LAYOUTS = ["tp=2", "pp=2", "pp=2 vp=2", "cp=2"]
-# All four model-parallel dims at once (the shape of the Llama 3.1 70B/405B recipes),
-# and TP x PP x DP (Nemotron-4 340B's shape, with data parallelism).
-COMBINED = {"pretrain_llama3.1": "tp=2 pp=2 cp=2 vp=2", "pretrain_nemotron4": "tp=2 pp=2 dp=2"}
+# All four model-parallel dims at once (the shape of the Llama 3.1 70B/405B recipes).
+COMBINED = {"pretrain_llama3.1": "tp=2 pp=2 cp=2 vp=2"}
 FAMILIES = ["pretrain_llama3.1", "pretrain_nemotron4"]
 
 
@@ -62,7 +61,9 @@ def test_two_rank_layout_matches_one_process(tmp_path, one_process, workload, la
         assert parallel["microbatches_per_step"] == 4
 
 
-@pytest.mark.parametrize("workload", FAMILIES)
+# Nemotron-4's TP x PP x DP on eight ranks runs in FP8 against one FP8 process
+# (tests/test_fp8.py, its 340B seed layout); fp32 checks Llama's four-way composition.
+@pytest.mark.parametrize("workload", ["pretrain_llama3.1"])
 def test_combined_layout_on_eight_ranks_matches_one_process(tmp_path, one_process, workload):
     exp = train(tmp_path, workload, 8, "--set", COMBINED[workload], steps=3)
     assert_same_training(exp, one_process(workload))
