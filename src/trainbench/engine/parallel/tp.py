@@ -66,14 +66,16 @@ def _mlp_styles(prefix: str) -> dict[str, ParallelStyle]:
 
 # Embedding, final norm and output head: the same for every family here.
 class _EmbeddingParallel(RowwiseParallel):
-    """The embedding split by vocabulary rows, its output left as a sequence shard.
+    """The embedding split by vocabulary rows, its output left as a sequence shard, for
+    compiled blocks (apply_tensor_parallel uses it only when the plan compiles).
 
     The shard comes out of the reduce-scatter as an AsyncCollectiveTensor (the wait is
     deferred to its first use). Fed as it is into a torch.compile'd block, the compiled
     backward returned a zero gradient for it (torch 2.13, gloo: the embedding never
     learned under TP with compile, while every block's own gradients were right). An
     eager copy waits for the collective and hands the block a plain tensor with its
-    autograd history; it costs one [b, s/tp, hidden] copy per microbatch.
+    autograd history; it costs one [b, s/tp, hidden] copy per microbatch. Eager blocks
+    take the shard as it is (tests/test_parallel_parity.py).
     """
 
     def __init__(self):
@@ -86,7 +88,7 @@ class _EmbeddingParallel(RowwiseParallel):
 
 
 EDGE_PLAN: dict[str, ParallelStyle] = {
-    "tok_embeddings": _EmbeddingParallel(),
+    "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
     "norm": SequenceParallel(),
     # Logits stay a DTensor sharded over the vocabulary, for loss_parallel.
     "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
@@ -315,6 +317,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Plan) -> 
         raise ValueError(f"no tensor-parallel plan for model family {family!r}; "
                          f"families with one: {', '.join(PLANS)}")
     styles = resolve_plan(model, PLANS[family](model, plan))
+    if plan.compile and "tok_embeddings" in styles:
+        styles["tok_embeddings"] = _EmbeddingParallel()
     parallelize_module(model, tp_mesh, with_float8_styles(model, styles, plan))
 
 
