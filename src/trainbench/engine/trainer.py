@@ -30,7 +30,7 @@ from .log import StepMetrics, format_step_line
 from .loss import cross_entropy
 from .optim import build_optimizer, lr_at
 from .optim import describe as describe_optimizer
-from .parallel import clip_grad_norm_, compile_decision
+from .parallel import clip_grad_norm_, compile_description
 from .parallel.mesh import ParallelDims
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16,
@@ -187,7 +187,7 @@ class Trainer:
                      f"layout {self.plan.layout.describe()} MBS {self.plan.mbs} "
                      f"GBS {self.plan.gbs} GA {self.plan.ga}, {self.plan.dtype}, "
                      f"{self.plan.steps} steps")
-            self.log(f"trainbench: compile {compile_decision(self.plan)[1]}")
+            self.log(f"trainbench: compile {compile_description(self.plan)}")
             if self.fp8_info is not None:
                 self.log(f"trainbench: fp8 recipe {self.fp8_info['recipe']}, "
                          f"{self.fp8_info['float8_linears']} FP8 linears, FSDP float8 "
@@ -354,7 +354,7 @@ class Trainer:
             "optimizer": describe_optimizer(self.optimizer),
             "sdpa_backend": self.sdpa_backend,
             "loss": self.loss_kind,
-            "compile": compile_decision(self.plan)[1],
+            "compile": compile_description(self.plan),
             # Profiled or traced timings are not valid for performance comparison.
             "profiled": bool(self.plan.features.profile),
             "nccl_traced": bool(self.plan.features.nccl_trace),

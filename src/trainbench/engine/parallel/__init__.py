@@ -43,14 +43,14 @@ def _recomputed(attend):
     return attend_recomputed
 
 
-def compile_decision(plan: Plan) -> tuple[bool, str]:
-    """Whether this plan's blocks are compiled, and the label the log and run.json show
-    (plan.compile_label, plus the reason when a plan asking for compile cannot have it)."""
+def compile_description(plan: Plan) -> str:
+    """What the log and run.json say of compilation: plan.compile_label, plus what stays
+    eager inside compiled blocks."""
     from ...plan import compile_label
     label = compile_label(plan)
     if plan.compile and plan.model.is_moe:
         label += f"; {MOE_EAGER}"
-    return plan.compile, label
+    return label
 
 
 # Measured on tiny Qwen3 MoE, CPU: with the expert loop compiled, every step's new
@@ -101,7 +101,7 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
         from .ep import apply_expert_parallel
         apply_expert_parallel(model, dims["ep"], dims["dp"].get_group())
     apply_activation_checkpointing(model, plan.recompute)
-    if compile_decision(plan)[0]:
+    if plan.compile:
         apply_compile(model)
     if single_rank_without_fsdp(plan):
         return model

@@ -64,7 +64,12 @@ def _mlp_styles(prefix: str) -> dict[str, ParallelStyle]:
     }
 
 
-# Embedding, final norm and output head: the same for every family here.
+def _copy_output(module: nn.Module) -> nn.Module:
+    """Hand on a copy of the module's output (see the two styles below for why)."""
+    module.register_forward_hook(lambda mod, args, out: out.clone())
+    return module
+
+
 class _EmbeddingParallel(RowwiseParallel):
     """The embedding split by vocabulary rows, its output left as a sequence shard, for
     compiled blocks (apply_tensor_parallel uses it only when the plan compiles).
@@ -82,11 +87,10 @@ class _EmbeddingParallel(RowwiseParallel):
         super().__init__(input_layouts=Replicate(), output_layouts=Shard(1))
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module = super()._apply(module, device_mesh)
-        module.register_forward_hook(lambda mod, args, out: out.clone())
-        return module
+        return _copy_output(super()._apply(module, device_mesh))
 
 
+# Embedding, final norm and output head: the same for every family here.
 EDGE_PLAN: dict[str, ParallelStyle] = {
     "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
     "norm": SequenceParallel(),
@@ -183,12 +187,10 @@ class _MoEInputOutput(PrepareModuleInputOutput):
                          desired_output_layouts=(Shard(1),), use_local_output=True)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module = super()._apply(module, device_mesh)
         # The shard out is a slice (a view) of the whole output; FSDP, which wraps the
         # layer under expert parallelism, warns at every forward on a view output. A
         # copy of [b, s/tp, hidden] silences that for good.
-        module.register_forward_hook(lambda mod, args, out: out.clone())
-        return module
+        return _copy_output(super()._apply(module, device_mesh))
 
 
 def _moe_styles(prefix: str) -> dict[str, ParallelStyle]:
