@@ -524,12 +524,8 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
             p.append(f"{m.n_routed_experts} routed experts do not split over ep={lay.ep}; "
                      "use an ep that divides the expert count")
     if m.is_moe:
-        # Run and checked: DP/FSDP, EP and TP (README, "Mixture of experts").
-        # PP and CP are not wired for the MoE blocks (README says why).
-        for key in ("pp", "cp"):
-            if getattr(lay, key) > 1:
-                p.append(f"{plan.workload} supports only data, expert and tensor "
-                         f"parallelism so far ({key}={getattr(lay, key)}); use {key}=1")
+        # Run and checked: DP/FSDP, EP, TP, PP (with VP) and CP (README, "Mixture of
+        # experts").
         if plan.dtype in FP8_DTYPES:
             # torchao 0.18's MoE float8 (prototype/moe_training) quantises with Triton
             # kernels and multiplies with torch._scaled_grouped_mm: CUDA only, no CPU kernel.

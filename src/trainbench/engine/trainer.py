@@ -109,8 +109,12 @@ class Trainer:
         self.model = (self.model_parts[0] if len(self.model_parts) == 1
                       else torch.nn.ModuleList(self.model_parts))
         from .models.moe import moe_layers
+        # The balance loss's gradient is scaled as each microbatch's loss is: by 1/GA
+        # before its backward, or under a pipeline not at all, since the schedule then
+        # divides every accumulated gradient by the microbatch count (scale_grads).
+        aux_scale = 1.0 if self.dims.pp_enabled else 1.0 / self.plan.ga
         for moe in moe_layers(self.model):
-            moe.aux_grad_scale = 1.0 / self.plan.ga  # as each microbatch's loss is scaled
+            moe.aux_grad_scale = aux_scale
         self.pipeline = None
         # Looked up once: indexing a DeviceMesh builds the sub-mesh again, reading its
         # rank table on the host, at every call (once per step in timed_step otherwise).

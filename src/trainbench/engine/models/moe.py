@@ -79,29 +79,38 @@ def sigmoid_topk(logits: torch.Tensor, k: int, bias: torch.Tensor, n_group: int,
 # --------------------------------------------------------------- balance losses
 
 
-def switch_balance_loss(probs: torch.Tensor, ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+def switch_balance_loss(probs: torch.Tensor, ids: torch.Tensor, n_experts: int,
+                        counts_of=None) -> torch.Tensor:
     """E * sum_i f_i * P_i over all T tokens (Switch Transformer, Fedus et al. 2021, eq. 4;
     Hugging Face Qwen3-MoE's load_balancing_loss_func): f_i the share of the T*k
     assignments that went to expert i, P_i the mean router probability of expert i.
-    Equals 1 for a perfectly uniform router; its gradient flows through P only."""
+    Equals 1 for a perfectly uniform router; its gradient flows through P only.
+
+    `counts_of` maps the assignment counts to those of the whole sequences (MoE's
+    `sequence_counts`); P stays the mean over the tokens given."""
     counts = torch.bincount(ids.flatten(), minlength=n_experts).float()
-    f = counts / ids.numel()
+    if counts_of is not None:
+        counts = counts_of(counts)
+    f = counts / counts.sum()
     p = probs.mean(dim=0)
     return n_experts * (f * p).sum()
 
 
 def sequence_balance_loss(scores: torch.Tensor, ids: torch.Tensor, n_experts: int,
-                          batch: int) -> torch.Tensor:
+                          batch: int, counts_of=None) -> torch.Tensor:
     """DeepSeek-V3's complementary sequence-wise balance loss (report eq. 17-20), without
     its alpha: for each sequence, sum_i f_i * P_i with f_i = E/(k*T) * (tokens of the
     sequence routed to i) and P_i the mean over the sequence's T tokens of the affinity
-    normalised over all experts, s_i / sum_j s_j; averaged over the sequences."""
+    normalised over all experts, s_i / sum_j s_j; averaged over the sequences.
+    `counts_of` as for switch_balance_loss (per sequence here)."""
     k = ids.shape[-1]
     ids = ids.view(batch, -1, k)
     T = ids.shape[1]
     counts = torch.zeros(batch, n_experts, device=ids.device).scatter_add_(
         1, ids.reshape(batch, -1), torch.ones(batch, T * k, device=ids.device))
-    f = counts * n_experts / (k * T)
+    if counts_of is not None:
+        counts = counts_of(counts)
+    f = counts * n_experts / counts.sum(dim=-1, keepdim=True)  # sum = k * tokens
     normed = scores / scores.sum(dim=-1, keepdim=True)
     p = normed.view(batch, T, n_experts).mean(dim=1)
     return (f * p).sum(dim=-1).mean()
@@ -224,12 +233,26 @@ class MoE(nn.Module):
             self.expert_bias += gamma * torch.sign(self.expert_load.mean() - self.expert_load)
         self.expert_load.zero_()
 
+    def sequence_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """Per-expert assignment counts over whole sequences, from this forward's tokens'
+        counts (float, no gradient): the balance losses' f. The identity here; context
+        parallelism, whose ranks hold parts of each sequence, replaces it with the sum
+        over its ranks (engine/parallel/cp.py). Each rank's loss then takes the global f
+        with its own tokens' P, and the mean of the ranks' gradients is the gradient of
+        the whole sequence's loss."""
+        return counts
+
     def compute_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Routed experts on rows sorted by expert (counts [E]); the hook that expert
         parallelism (engine/parallel/ep.py) replaces with its dispatch and combine."""
         return grouped_swiglu(rows, counts, self.w1, self.w3, self.w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_meta:
+            # A shape-only pass: pipeline stages of torch releases before 2.13 infer their
+            # output shapes by running the stage on the meta device. Routing needs the
+            # token values (bincount has no meta kernel); the output has x's shape.
+            return torch.empty_like(x)
         b, s, h = x.shape
         tokens = x.reshape(-1, h)
         weights, ids, scores = self.route(tokens)
@@ -261,8 +284,10 @@ class MoE(nn.Module):
         if not s.aux_loss_coef or s.aux_loss == "none":
             return None
         if s.aux_loss == "sequence":
-            return s.aux_loss_coef * sequence_balance_loss(scores, ids, self.n_experts, batch)
-        return s.aux_loss_coef * switch_balance_loss(scores, ids, self.n_experts)
+            return s.aux_loss_coef * sequence_balance_loss(scores, ids, self.n_experts, batch,
+                                                           self.sequence_counts)
+        return s.aux_loss_coef * switch_balance_loss(scores, ids, self.n_experts,
+                                                     self.sequence_counts)
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

@@ -99,7 +99,10 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
         apply_context_parallel(model, dims["cp"], plan.cp_impl)
     if dims.ep_enabled:
         from .ep import apply_expert_parallel
-        apply_expert_parallel(model, dims["ep"], dims["dp"].get_group())
+        apply_expert_parallel(model, dims["ep"])
+    if dims.dp * dims.cp > 1:
+        from .ep import share_expert_load
+        share_expert_load(model, dims["dp_cp"].get_group())
     apply_activation_checkpointing(model, plan.recompute)
     if plan.compile:
         apply_compile(model)

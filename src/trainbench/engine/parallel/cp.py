@@ -85,7 +85,8 @@ def gather_sequence(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               group: dist.ProcessGroup) -> torch.Tensor:
+                               group: dist.ProcessGroup, scale: float | None = None
+                               ) -> torch.Tensor:
     """Causal attention of this rank's queries over the keys/values of the whole sequence.
 
     q [b, heads, s_local, d], k and v [b, kv_heads, s_local, d], all in this rank's
@@ -94,18 +95,17 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     bottom-right-aligned causal mask: query i of chunk c (position c*L + i) sees keys
     0..c*L + i. Keys past the chunk are never computed, and `causal_lower_right` keeps
     the fused (flash / memory-efficient) kernels eligible, unlike a boolean mask.
+    `scale` is the softmax scale (None: 1/sqrt(head dim), SDPA's default).
     """
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     chunk = q.shape[2] // 2
-    # One collective for both: stack k and v along the batch dim.
-    kv = gather_sequence(torch.cat([k, v]), group)
-    # Rank-major (head_j, tail_j for each rank j) -> the sequence's chunk order.
-    pieces = kv.split(chunk, dim=2)
-    order = [None] * (2 * cp)
-    for j in range(cp):
-        head, tail = chunk_ids(cp, j)
-        order[head], order[tail] = pieces[2 * j], pieces[2 * j + 1]
-    k_all, v_all = torch.cat(order, dim=2).chunk(2)
+    if k.shape[-1] == v.shape[-1]:
+        # One collective for both: stack k and v along the batch dim.
+        k_all, v_all = _in_sequence_order(gather_sequence(torch.cat([k, v]), group),
+                                          cp, chunk).chunk(2)
+    else:  # MLA: keys carry the RoPE dims, values do not
+        k_all, v_all = (_in_sequence_order(gather_sequence(t, group), cp, chunk)
+                        for t in (k, v))
     if k_all.shape[1] != q.shape[1]:
         # Expand grouped KV heads here rather than with enable_gqa, which the attention
         # bias path does not take.
@@ -118,8 +118,18 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         keys = (c + 1) * chunk
         outputs.append(F.scaled_dot_product_attention(
             q_c, k_all[:, :, :keys], v_all[:, :, :keys],
-            attn_mask=_lower_right(chunk, keys)))
+            attn_mask=_lower_right(chunk, keys), scale=scale))
     return torch.cat(outputs, dim=2)
+
+
+def _in_sequence_order(gathered: torch.Tensor, cp: int, chunk: int) -> torch.Tensor:
+    """Rank-major chunks (head_j, tail_j for each rank j) -> the sequence's order."""
+    pieces = gathered.split(chunk, dim=2)
+    order = [None] * (2 * cp)
+    for j in range(cp):
+        head, tail = chunk_ids(cp, j)
+        order[head], order[tail] = pieces[2 * j], pieces[2 * j + 1]
+    return torch.cat(order, dim=2)
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,11 +156,18 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "a
     # A pipeline stage may hold no attention at all (only the embedding or the loss).
     for module in model.modules():
         if callable(getattr(module, "attend", None)):
-            module.attend = (_ring_attend(cp_mesh) if impl == "ring"
-                             else _bound_attend(group))
+            # MLA (DeepSeek-V3) scales its scores by its own softmax scale.
+            scale = getattr(module, "softmax_scale", None)
+            module.attend = (_ring_attend(cp_mesh, scale) if impl == "ring"
+                             else _bound_attend(group, scale))
+    # The MoE balance losses count each expert's tokens over whole sequences, which the
+    # cp ranks hold in parts (engine/models/moe.py, `MoE.sequence_counts`).
+    from ..models.moe import moe_layers
+    for moe in moe_layers(model):
+        moe.sequence_counts = _summed_over(group)
 
 
-def _ring_attend(cp_mesh: DeviceMesh):
+def _ring_attend(cp_mesh: DeviceMesh, scale: float | None = None):
     """PyTorch's ring attention (`context_parallel`'s SDPA dispatch) on this rank's
     shard. Its head-tail load balancer holds the same chunks as `shard_sequence`
     (chunks r and 2*CP-1-r), so the trainer's sharding serves both forms. It dispatches
@@ -166,11 +183,20 @@ def _ring_attend(cp_mesh: DeviceMesh):
             v = v.repeat_interleave(repeat, dim=1)
         q, k, v = (DTensor.from_local(t.contiguous(), cp_mesh, [Shard(2)], run_check=False)
                    for t in (q, k, v))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True).to_local()
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              scale=scale).to_local()
     return attend
 
 
-def _bound_attend(group: dist.ProcessGroup):
+def _bound_attend(group: dist.ProcessGroup, scale: float | None = None):
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return context_parallel_attention(q, k, v, group)
+        return context_parallel_attention(q, k, v, group, scale)
     return attend
+
+
+def _summed_over(group: dist.ProcessGroup):
+    def sequence_counts(counts: torch.Tensor) -> torch.Tensor:
+        total = counts.clone()  # counts carry no gradient: a plain all-reduce
+        dist.all_reduce(total, group=group)
+        return total
+    return sequence_counts

@@ -101,9 +101,13 @@ def _ep_compute(moe: nn.Module, group, ep: int):
                       for n in EXPERT_WEIGHTS)
         out = grouped_swiglu(rows, counts, w1, w3, w2)
         if rows.shape[0] == 0:
-            # No token for any local expert: a zero term still gives the weights a
-            # gradient, so every rank joins the same gradient reduce-scatters.
-            out = out + 0 * (w1.sum() + w3.sum() + w2.sum())
+            # No token for any local expert. A zero term still gives the weights a
+            # gradient, so every rank joins the same gradient reduce-scatters; and it
+            # keeps the output a function of the (empty) inbound rows, so a backward to
+            # the inputs only (pipeline stages infer their gradient shapes that way)
+            # still runs both all-to-alls' backward here, as the ranks that did get
+            # rows do. Without `rows`, such a rank skipped them and its peer hung.
+            out = out + 0 * (w1.sum() + w3.sum() + w2.sum() + rows.sum())
         return out
 
     def compute_experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -111,12 +115,8 @@ def _ep_compute(moe: nn.Module, group, ep: int):
     return compute_experts
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh, dp_group=None) -> None:
-    """Shard every MoE layer's routed experts over `ep_mesh` and route tokens to them.
-
-    With `dp_group`, the load that moves DeepSeek-V3's selection bias is summed over the
-    data-parallel ranks first, so every rank moves its bias by the global load and the
-    ranks keep one bias (as one process with the whole batch would)."""
+def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
+    """Shard every MoE layer's routed experts over `ep_mesh` and route tokens to them."""
     from trainbench.engine.models.moe import moe_layers
     ep, group = ep_mesh.size(), ep_mesh.get_group()
     for moe in moe_layers(model):
@@ -128,8 +128,17 @@ def apply_expert_parallel(model: nn.Module, ep_mesh, dp_group=None) -> None:
             setattr(moe, name, nn.Parameter(DTensor.from_local(mine, ep_mesh, [Shard(0)],
                                                                run_check=False)))
         moe.compute_experts = _ep_compute(moe, group, ep)
-        if dp_group is not None and moe.spec.bias_update_speed:
-            moe.update_bias = _global_load_update(moe, dp_group)
+
+
+def share_expert_load(model: nn.Module, group) -> None:
+    """Sum the expert load that moves DeepSeek-V3's selection bias over `group` (the data
+    and context ranks) before each update: every rank then moves its bias by the load
+    of the whole batch, so the ranks keep one bias, as one process would, instead of
+    each drifting with its own tokens."""
+    from trainbench.engine.models.moe import moe_layers
+    for moe in moe_layers(model):
+        if moe.spec.bias_update_speed:
+            moe.update_bias = _global_load_update(moe, group)
 
 
 def _global_load_update(moe: nn.Module, group):
