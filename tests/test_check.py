@@ -114,6 +114,25 @@ def test_nemotron4_340b_slice_from_the_outer_tp_ranks_of_every_stage():
     assert total == parameter_count(plan.model)
 
 
+@pytest.mark.slow
+def test_qwen3_235b_published_gb200_row_builds_with_experts_split_over_ep():
+    """The published BF16 row on 256 GB200 (TP1 PP8 VP3, EP32 over DP32, ETP 1): every
+    pipeline rank at dp = 0 builds. Each holds 128/32 = 4 experts of each of its MoE
+    layers before FSDP, so the slice adds up to the model less 31/32 of the routed
+    experts (94 layers x 128 experts x 3 x 4096 x 1536, counted by hand), and its model
+    state equals predict's (the PP step's gathered weights counted the experts of all
+    32 ep ranks before ep was taken into account: 167 GiB built against 24 predicted)."""
+    from trainbench.check.build import check_ranks
+    from trainbench.check.cli import built_model_state, predicted_for_rank
+    plan = build_plan("pretrain_qwen3", "235b_a22b", "bf16", 256, "gb200")
+    results = check_ranks(plan, _slice_ranks(plan))
+    experts = 94 * 128 * 3 * 4096 * 1536
+    assert _slice_total(results) == parameter_count(plan.model) - experts * 31 // 32
+    for r in results:
+        predicted = predicted_for_rank(plan, r["pp"])["model_state"]
+        assert built_model_state(r) == pytest.approx(predicted, rel=0.01)
+
+
 def test_fsdp_shards_of_one_replica_add_up_to_the_model():
     """8B on 8 ranks is TP1 PP1 CP2 DP4: FSDP shards the whole model over all 8, so the
     parameters the 8 ranks hold add up to the model exactly (no padding counted)."""

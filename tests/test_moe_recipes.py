@@ -48,12 +48,16 @@ def test_real_sizes_have_published_h100_rows(workload, size):
 
 
 def test_published_layouts_are_found_and_refused_in_one_line_each():
-    # The engine has no PP and no FP8 for MoE: the plan names each missing piece.
+    # The engine has no FP8 for MoE and its EP borrows data ranks only: the plan names
+    # each missing piece. The pipeline (PP8 VP4) is no longer one of them.
     with pytest.raises(PlanError) as err:
         build_plan("pretrain_qwen3", "235b_a22b", "fp8", 256, "h100")
     lines = err.value.problems if hasattr(err.value, "problems") else str(err.value).splitlines()
     text = "\n".join(map(str, lines))
-    assert "pp=8" in text and "FP8" in text and "ep=32" in text
+    assert "FP8" in text and "ep=32 does not divide dp=16" in text and "pp=" not in text
+    # The BF16 GB200 row (TP1 PP8 VP3 EP32 over DP32) is a plan the engine runs.
+    assert build_plan("pretrain_qwen3", "235b_a22b", "bf16", 256, "gb200").layout.describe() \
+        == "TP1 PP8 CP1 DP32 EP32 VP3"
     with pytest.raises(PlanError) as err:
         build_plan("pretrain_qwen3", "30b_a3b", "fp8", 16, "h100")
     assert "FP8" in str(err.value) and "pp=" not in str(err.value)

@@ -26,10 +26,15 @@ _COMPUTE_BYTES = {"bf16": 2, "fp8": 2, "fp32": 4}
 
 def _tp_local_numel(param: torch.Tensor, tp_coordinate: int) -> tuple[int, bool]:
     """Elements of `param` this rank's tensor-parallel shard holds before FSDP shards it
-    over dp x cp, and whether the parameter is replicated (not sharded) over tp."""
+    over dp x cp, and whether the parameter is replicated (not sharded) over tp.
+
+    Routed experts are sharded over ep instead (whole experts, an equal share per rank,
+    engine/parallel/ep.py): this rank holds 1/ep of them, replicated over tp."""
     shape = list(param.shape)
     mesh = getattr(param, "device_mesh", None)
     names = mesh.mesh_dim_names if mesh is not None else None
+    if names and "ep" in names and param.placements[names.index("ep")].is_shard():
+        return math.prod(shape) // mesh.size(names.index("ep")), True
     if not names or "tp" not in names:
         return math.prod(shape), True
     placement = param.placements[names.index("tp")]
