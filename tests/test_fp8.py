@@ -22,7 +22,10 @@ from torch import nn  # noqa: E402
 
 from trainbench.plan import PlanError, build_plan, parse_overrides  # noqa: E402
 
-FAMILIES = ["pretrain_llama3.1", "pretrain_llama2", "pretrain_nemotron4", "pretrain_nemotronh"]
+# Tiny Llama 2 has tiny Llama 3.1's shapes (only RoPE's base and scaling differ), so its
+# FP8 GEMMs are the same ones: its fifty-step comparison (0.096%, below) was measured
+# by hand and is not repeated here, which saves 76 s of the suite.
+FIFTY_STEP_FAMILIES = ["pretrain_llama3.1", "pretrain_nemotron4", "pretrain_nemotronh"]
 
 # FP8 vs bf16 of the same plan (the tiny recipe's DP2) over 50 steps of the learnable
 # task, largest |fp8 - bf16| / bf16 loss over the 50 steps, measured on a 2-core AMD EPYC
@@ -187,7 +190,7 @@ def assert_matches(metrics: list[dict], reference: list[dict]) -> None:
 
 @pytest.mark.dist
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", FAMILIES)
+@pytest.mark.parametrize("workload", FIFTY_STEP_FAMILIES)
 def test_fp8_tracks_bf16_over_fifty_steps(fifty_steps, one_fp8_process, workload):
     fp8 = [r["loss"] for r in fifty_steps(workload, "fp8")]
     bf16 = [r["loss"] for r in fifty_steps(workload, "bf16")]
