@@ -110,22 +110,51 @@ def deepseek_one_process(tmp_path_factory):
     return losses(exp), [r["grad_norm"] for r in read_metrics(exp)]
 
 
+@pytest.fixture(scope="module")
+def deepseek_pp2vp2(tmp_path_factory):
+    """Tiny DeepSeek-V3 under PP2 VP2 (interleaved) for 4 steps, saving checkpoints at
+    steps 2 and 4: a parity run and the source of a resume under one process."""
+    return train(tmp_path_factory.mktemp("dsv3pp"), "pretrain_deepseek_v3", 2, "--set", "pp=2",
+                 "--set", "vp=2", "--checkpoint-interval", "2", steps=4)
+
+
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.parametrize("settings", [("pp=2", "vp=2"), ("cp=2",)], ids=["pp2vp2", "cp2"])
-def test_deepseek_v3_pipeline_and_context_layouts_train_like_one_process(
-        tmp_path, deepseek_one_process, settings):
-    """DeepSeek-V3's selection bias moves with the expert load of each forward.
-    pp2vp2 (interleaved, 2 ranks): torch's pipeline stage runs each stage once more on
-    the first step to learn its shapes; that extra forward must not count as load (it
-    moved the bias and the step-0 norm by 1.2e-4 before pp.py kept the MoE state
-    through it). cp2: the load and the sequence-wise balance loss's counts are summed
-    over the context ranks (without that, the step-2 norm moved by 5.4e-5), and MLA's
-    keys and values, of different widths, are gathered separately."""
-    extra = [arg for s in settings for arg in ("--set", s)]
-    exp = train(tmp_path, "pretrain_deepseek_v3", 2, *extra, steps=3)
+@pytest.mark.parametrize("layout", ["pp2vp2", "cp2", "ep2"])
+def test_deepseek_v3_layouts_train_like_one_process(tmp_path, deepseek_one_process,
+                                                    deepseek_pp2vp2, layout):
+    """DeepSeek-V3's selection bias moves once per step, by the load of the whole step
+    summed over the data and context ranks, so every layout routes as one process does
+    (when it moved at every microbatch forward, EP2 was 4.5e-4 off in norm).
+    pp2vp2: torch's pipeline stage runs each stage once more on the first step to learn
+    its shapes; that extra forward must not count as load (it moved the bias and the
+    step-0 norm by 1.2e-4 before pp.py kept the MoE state through it). cp2: the
+    sequence-wise balance loss's counts are summed over the context ranks (without that,
+    the step-2 norm moved by 5.4e-5), and MLA's keys and values, of different widths,
+    are gathered separately."""
+    if layout == "pp2vp2":
+        exp = deepseek_pp2vp2
+    else:
+        exp = train(tmp_path, "pretrain_deepseek_v3", 2, "--set", layout.replace("2", "=2"),
+                    steps=3)
     assert_trains_like_one_process(exp, deepseek_one_process,
-                                   PP_NORM_RTOL if "pp=2" in settings else NORM_RTOL)
+                                   PP_NORM_RTOL if layout == "pp2vp2" else NORM_RTOL)
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_deepseek_v3_pipeline_checkpoint_resumes_in_one_process(tmp_path, deepseek_pp2vp2):
+    """The PP2 VP2 run's step-2 checkpoint (each rank wrote its stages' layers, the
+    expert biases among them) resumes in one process with the uninterrupted run's
+    losses and norms: the bias came back, and no load was left over to lose (when the
+    bias moved at every forward, the load carried across steps was not saved and the
+    resumed step-2 norm was 2.4e-4 off)."""
+    resumed = train(tmp_path, "pretrain_deepseek_v3", 1, "--load-checkpoint",
+                    str(deepseek_pp2vp2 / "checkpoints" / "step-2"), steps=2)
+    assert [r["iteration"] for r in read_metrics(resumed)] == [2, 3]
+    assert losses(resumed) == pytest.approx(losses(deepseek_pp2vp2)[2:], rel=LOSS_RTOL)
+    assert [r["grad_norm"] for r in read_metrics(resumed)] == pytest.approx(
+        [r["grad_norm"] for r in read_metrics(deepseek_pp2vp2)[2:]], rel=NORM_RTOL)
 
 
 @pytest.mark.slow

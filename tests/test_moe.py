@@ -29,6 +29,7 @@ from trainbench.engine.models.moe import (
     softmax_topk,
     switch_balance_loss,
     total_aux_loss,
+    update_expert_biases,
 )
 from trainbench.engine.models.transformer import rope_cos_sin
 from trainbench.plan import PlanError, build_plan
@@ -424,6 +425,7 @@ def test_tiny_model_trains_to_a_falling_loss(spec):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        update_expert_biases(moe_layers(model))
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.5
     assert total_aux_loss(model) is not None

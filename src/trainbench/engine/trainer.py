@@ -113,7 +113,8 @@ class Trainer:
         # before its backward, or under a pipeline not at all, since the schedule then
         # divides every accumulated gradient by the microbatch count (scale_grads).
         aux_scale = 1.0 if self.dims.pp_enabled else 1.0 / self.plan.ga
-        for moe in moe_layers(self.model):
+        self.moe_layers = moe_layers(self.model)
+        for moe in self.moe_layers:
             moe.aux_grad_scale = aux_scale
         self.pipeline = None
         # Looked up once: indexing a DeviceMesh builds the sub-mesh again, reading its
@@ -569,6 +570,9 @@ class Trainer:
                                     pp_mesh=self.pp_mesh)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.moe_layers:
+            from .models.moe import update_expert_biases
+            update_expert_biases(self.moe_layers)
         if self.plan.dtype in FP8_DTYPES:
             from .parallel.float8 import after_optimizer_step
             after_optimizer_step(self.model_parts, self.plan, dist.get_backend())

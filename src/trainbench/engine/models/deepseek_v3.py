@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainbench.catalog.models import ModelSpec
-from trainbench.engine.models.moe import INIT_STD, MoE, moe_layers
+from trainbench.engine.models.moe import INIT_STD, MoE
 from trainbench.engine.models.transformer import (
     MLP,
     RMSNorm,
@@ -146,11 +146,3 @@ class DeepSeekV3(Transformer):
     @staticmethod
     def rope_table(spec: ModelSpec, device: torch.device | None = None) -> torch.Tensor:
         return mla_rope_frequencies(spec, device=device)
-
-    def before_blocks(self) -> None:
-        if self.training:
-            # Auxiliary-loss-free balancing: the previous forward's expert load moves the
-            # selection bias now, before any block runs, so a recomputed block (activation
-            # checkpointing) routes exactly as its first forward did.
-            for moe in moe_layers(self):
-                moe.update_bias()

@@ -224,8 +224,12 @@ class MoE(nn.Module):
 
     @torch.no_grad()
     def update_bias(self) -> None:
-        """b_i += gamma * sign(mean load - load_i) from the load seen since the last update
-        (DeepSeek-V3 report sec. 2.1.2); then forget that load."""
+        """b_i += gamma * sign(mean load - load_i) from the load seen since the last update,
+        then forget that load. Called once per training step, after the optimizer step
+        (DeepSeek-V3 report sec. 2.1.2: "at the end of each step"; `update_expert_biases`):
+        the step's every microbatch routes with one bias, so any split of the step's
+        batch over microbatches and ranks moves the bias alike, a recomputed block routes
+        as its first forward did, and no load is left over at a checkpoint."""
         gamma = self.spec.bias_update_speed
         # No load seen (the first forward) moves nothing: sign(0) = 0. Testing the load's
         # sum instead would read it on the host in the middle of a step.
@@ -292,6 +296,12 @@ class MoE(nn.Module):
 
 def moe_layers(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def update_expert_biases(layers: list[MoE]) -> None:
+    """The end-of-step bias update of every MoE layer given (a no-op without a bias)."""
+    for moe in layers:
+        moe.update_bias()
 
 
 def total_aux_loss(model: nn.Module) -> torch.Tensor | None:

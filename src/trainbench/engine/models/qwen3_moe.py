@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from trainbench.catalog.models import ModelSpec
-from trainbench.engine.models.moe import MoE, moe_layers
+from trainbench.engine.models.moe import MoE
 from trainbench.engine.models.transformer import (
     Attention,
     RMSNorm,
@@ -81,10 +81,3 @@ class Qwen3MoE(Transformer):
     @staticmethod
     def make_block(spec: ModelSpec, index: int) -> nn.Module:
         return Qwen3MoEBlock(spec)
-
-    def before_blocks(self) -> None:
-        if self.training:
-            # The load seen by the previous forward moves the selection bias (a no-op for
-            # Qwen3, which has none); done here so a recomputed block sees the same bias.
-            for moe in moe_layers(self):
-                moe.update_bias()

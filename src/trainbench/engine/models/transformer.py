@@ -262,8 +262,7 @@ class Transformer(nn.Module):
     """Token embedding, `spec.layers` blocks, final norm, untied output head.
 
     The decoder trunk every attention model here shares: Qwen3 MoE and DeepSeek-V3
-    subclass it with their own blocks (`make_block`), RoPE table (`rope_table`) and what
-    happens before the blocks run (`before_blocks`)."""
+    subclass it with their own blocks (`make_block`) and RoPE table (`rope_table`)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -294,9 +293,6 @@ class Transformer(nn.Module):
     def rope_table(spec: ModelSpec, device: torch.device | None = None) -> torch.Tensor:
         return rope_frequencies(spec, device=device)
 
-    def before_blocks(self) -> None:
-        """Called at the start of every forward (the MoE models move their routing bias)."""
-
     @torch.no_grad()
     def init_weights(self) -> None:
         """(Re)initialise every parameter and the RoPE table in place.
@@ -318,7 +314,6 @@ class Transformer(nn.Module):
         `positions` ([s] or [b, s]) are the tokens' positions in the full sequence;
         None means 0..s-1.
         """
-        self.before_blocks()
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens_or_hidden)
         else:
