@@ -62,8 +62,9 @@ def _keeping_moe_state(infer):
     torch >= 2.12 infers a stage's input and output metadata by running the stage once,
     forward and backward, in training mode on the first microbatch (on the first
     stage) or on uninitialised buffers (later stages). Counted as load, that extra
-    forward moved the selection bias before the first real microbatch: measured on
-    tiny DeepSeek-V3 PP2, the step-0 gradient norm differed from one process by 1.2e-4.
+    forward skews the step's load that moves the selection bias: measured on tiny
+    DeepSeek-V3 PP2 VP2, the step-1 gradient norm then differed from one process by
+    1.3e-5.
     Older torch infers on the meta device under no_grad, which counts nothing.
     """
     import functools
