@@ -104,6 +104,18 @@ def test_parallel_moe_layouts_train_like_one_process(tmp_path, one_process, ep2,
     assert info["world_size"] == scale
 
 
+def resume_and_compare(tmp_path, workload: str, scale: int, uninterrupted):
+    """Resume `uninterrupted`'s step-2 checkpoint on `scale` ranks for steps 2-3 and
+    assert they are the uninterrupted run's; returns the resumed experiment."""
+    resumed = train(tmp_path, workload, scale, "--load-checkpoint",
+                    str(uninterrupted / "checkpoints" / "step-2"), steps=2)
+    assert [r["iteration"] for r in read_metrics(resumed)] == [2, 3]
+    assert losses(resumed) == pytest.approx(losses(uninterrupted)[2:], rel=LOSS_RTOL)
+    assert [r["grad_norm"] for r in read_metrics(resumed)] == pytest.approx(
+        [r["grad_norm"] for r in read_metrics(uninterrupted)[2:]], rel=NORM_RTOL)
+    return resumed
+
+
 @pytest.fixture(scope="module")
 def deepseek_one_process(tmp_path_factory):
     exp = train(tmp_path_factory.mktemp("dsv3"), "pretrain_deepseek_v3", 1, steps=3)
@@ -148,12 +160,7 @@ def test_deepseek_v3_pipeline_checkpoint_resumes_in_one_process(tmp_path, deepse
     losses and norms: the bias came back, and no load was left over to lose (when the
     bias moved at every forward, the load carried across steps was not saved and the
     resumed step-2 norm was 2.4e-4 off)."""
-    resumed = train(tmp_path, "pretrain_deepseek_v3", 1, "--load-checkpoint",
-                    str(deepseek_pp2vp2 / "checkpoints" / "step-2"), steps=2)
-    assert [r["iteration"] for r in read_metrics(resumed)] == [2, 3]
-    assert losses(resumed) == pytest.approx(losses(deepseek_pp2vp2)[2:], rel=LOSS_RTOL)
-    assert [r["grad_norm"] for r in read_metrics(resumed)] == pytest.approx(
-        [r["grad_norm"] for r in read_metrics(deepseek_pp2vp2)[2:]], rel=NORM_RTOL)
+    resume_and_compare(tmp_path, "pretrain_deepseek_v3", 1, deepseek_pp2vp2)
 
 
 @pytest.mark.slow
@@ -163,12 +170,7 @@ def test_expert_parallel_checkpoint_resumes_under_plain_data_parallelism(tmp_pat
     loads under DP2 without EP (FSDP shards of whole expert tensors) and continues with
     the uninterrupted EP2 run's losses and norms: the weights (step 2) and the optimizer
     state (step 3) came back whole."""
-    resumed = train(tmp_path, "pretrain_qwen3", 2, "--load-checkpoint",
-                    str(ep2 / "checkpoints" / "step-2"), steps=2)
-    assert [r["iteration"] for r in read_metrics(resumed)] == [2, 3]
-    assert losses(resumed) == pytest.approx(losses(ep2)[2:], rel=LOSS_RTOL)
-    assert [r["grad_norm"] for r in read_metrics(resumed)] == pytest.approx(
-        [r["grad_norm"] for r in read_metrics(ep2)[2:]], rel=NORM_RTOL)
+    resumed = resume_and_compare(tmp_path, "pretrain_qwen3", 2, ep2)
     (log,) = resumed.glob("log-*.out")
     assert "saved with TP1 PP1 CP1 DP2 EP2 on 2 ranks, resharded to TP1 PP1 CP1 DP2)" \
         in log.read_text()
