@@ -59,13 +59,13 @@ def _keeping_moe_state(infer):
     """Wrap a stage's metadata inference so it leaves the MoE layers' balancing state
     (DeepSeek-V3's expert bias and the load that moves it) as it found it.
 
-    torch >= 2.12 infers a stage's input and output metadata by running the stage once,
-    forward and backward, in training mode on the first microbatch (on the first
-    stage) or on uninitialised buffers (later stages). Counted as load, that extra
-    forward skews the step's load that moves the selection bias: measured on tiny
-    DeepSeek-V3 PP2 VP2, the step-1 gradient norm then differed from one process by
-    1.3e-5.
-    Older torch infers on the meta device under no_grad, which counts nothing.
+    torch 2.13 (the release here) infers a stage's input and output metadata by running
+    the stage once more, forward and backward, in training mode on the first
+    microbatch (on the first stage) or on uninitialised buffers (later stages). Counted
+    as load, that extra forward skews the step's load that moves the selection bias:
+    measured on tiny DeepSeek-V3 PP2 VP2, the step-1 gradient norm then differed from
+    one process by 1.3e-5. Older releases infer on the meta device under no_grad
+    (`_shape_inference`), which counts nothing.
     """
     import functools
 
