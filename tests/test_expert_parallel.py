@@ -140,9 +140,10 @@ def test_deepseek_v3_layouts_train_like_one_process(tmp_path, deepseek_one_proce
     (when it moved at every microbatch forward, EP2 was 4.5e-4 off in norm).
     pp2vp2: torch's pipeline stage runs each stage once more on the first step to learn
     its shapes; that extra forward must not count as load (it moved the step-1 norm
-    by 1.3e-5 before pp.py kept the MoE state through it). cp2: the sequence-wise balance loss's counts are summed over the
-    context ranks (without that, the step-2 norm moved by 5.4e-5), and MLA's keys and
-    values, of different widths, are gathered separately."""
+    by 1.3e-5 before pp.py kept the MoE state through it). cp2: the sequence-wise
+    balance loss's counts are summed over the context ranks (without that, the step-2
+    norm moved by 5.4e-5), and MLA's keys and values, of different widths, are gathered
+    separately."""
     if layout == "pp2vp2":
         exp = deepseek_pp2vp2
     else:

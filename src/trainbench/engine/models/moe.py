@@ -231,8 +231,8 @@ class MoE(nn.Module):
         batch over microbatches and ranks moves the bias alike, a recomputed block routes
         as its first forward did, and no load is left over at a checkpoint."""
         gamma = self.spec.bias_update_speed
-        # No load seen (a step without a training forward) moves nothing: sign(0) = 0. Testing the load's
-        # sum instead would read it on the host in the middle of a step.
+        # No load seen (a step without a training forward) moves nothing: sign(0) = 0.
+        # Testing the load's sum instead would read it on the host in the middle of a step.
         if gamma:
             self.expert_bias += gamma * torch.sign(self.expert_load.mean() - self.expert_load)
         self.expert_load.zero_()
@@ -254,8 +254,9 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_meta:
             # A shape-only pass: pipeline stages of older torch releases (before the 2.13
-            # here) infer their output shapes by running the stage on the meta device. Routing needs the
-            # token values (bincount has no meta kernel); the output has x's shape.
+            # here) infer their output shapes by running the stage on the meta device.
+            # Routing needs the token values (bincount has no meta kernel); the output
+            # has x's shape.
             return torch.empty_like(x)
         b, s, h = x.shape
         tokens = x.reshape(-1, h)

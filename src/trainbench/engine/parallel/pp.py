@@ -87,7 +87,8 @@ def _keeping_moe_state(infer):
 
 def _stage_class():
     """PipelineStage, its metadata inference wrapped by _keeping_moe_state (the method
-    is `_forward_metadata_inference` in torch >= 2.12, `_shape_inference` before)."""
+    is `_forward_metadata_inference` in torch 2.13, `_shape_inference` in older
+    releases)."""
     from torch.distributed.pipelining import PipelineStage
 
     overrides = {name: _keeping_moe_state(getattr(PipelineStage, name))
