@@ -58,6 +58,64 @@ def test_the_backward_keeps_no_full_fp32_logits():
     assert max(shape[0] for shape, _ in chunked) == 32
 
 
+def _vocab_parallel_ranks(rank: int, port: int, out_dir: str) -> None:
+    """One of two gloo ranks: the same logits as a DTensor sharded over the vocabulary,
+    loss and gradient under loss_parallel, plain and in chunks of 5 tokens."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import loss_parallel
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        gen = torch.Generator().manual_seed(0)
+        logits = torch.randn(2, 19, 50, generator=gen) * 3
+        labels = torch.randint(0, 50, (2, 19), generator=gen)
+        results = {}
+        for name, per_chunk in (("plain", 10 ** 6), ("chunked", 5)):
+            sharded = distribute_tensor(logits, mesh, [Shard(2)]).requires_grad_()
+            with loss_parallel():
+                loss, saved = _saved_for_backward(
+                    lambda: cross_entropy(sharded, labels, tokens_per_chunk=per_chunk))
+                loss.backward()
+            results[name] = (loss.full_tensor(), sharded.grad.full_tensor(), saved)
+        torch.save(results, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_chunked_vocab_parallel_loss_equals_the_plain_loss_on_two_ranks(tmp_path):
+    """Under TP the logits stay sharded over the vocabulary (loss_parallel) and the chunks
+    are cut along the tokens: 38 tokens in chunks of 5 give one process's loss and
+    gradient on both ranks (fp32: summation order only)."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_vocab_parallel_ranks, args=(port, str(tmp_path)), nprocs=2, join=True)
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 19, 50, generator=gen) * 3).requires_grad_()
+    labels = torch.randint(0, 50, (2, 19), generator=gen)
+    reference = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    reference.backward()
+    for rank in (0, 1):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        for loss, grad, _ in results.values():
+            torch.testing.assert_close(loss, reference.detach(), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(grad, logits.grad, rtol=1e-5, atol=1e-7)
+        # The plain loss keeps tensors of every token's logits for its backward; the
+        # chunked one only its chunks' (its checkpoints keep their inputs, 5 tokens each).
+        rows = {name: [shape[0] for shape, _ in saved if len(shape) == 2]
+                for name, (_, _, saved) in results.items()}
+        assert 38 in rows["plain"]
+        assert rows["chunked"] and max(rows["chunked"]) == 5
+
+
 def test_chunk_size_follows_the_vocabulary():
     """Llama 3's 128,256 words: a chunk's fp32 logits stay within the budget, so an 8k-token
     microbatch runs in 8 chunks; the tiny models (512 words) need only one."""

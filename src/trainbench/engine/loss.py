@@ -12,8 +12,9 @@ the chunk's loss, which is checkpointed, so the forward keeps nothing of a chunk
 the chunks' summed losses over the token count is the same mean as the plain loss.
 
 Under tensor parallelism the logits are a DTensor sharded over the vocabulary and the
-loss runs inside `loss_parallel`, which never gathers them; that path stays plain (each
-rank already holds 1/TP of the vocabulary).
+loss runs inside `loss_parallel`, which never gathers them: the chunks are cut the same
+way, along the tokens, each holding its 1/TP of the vocabulary, and the budget counts
+those local logits.
 """
 
 from __future__ import annotations
@@ -41,27 +42,28 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor,
                   tokens_per_chunk: int | None = None) -> torch.Tensor:
     """Mean cross-entropy (fp32) of logits [..., vocab] against labels [...].
 
-    `tokens_per_chunk` None picks chunk_tokens(vocab). One chunk (a small model) runs the
-    plain loss: checkpointing it would only add a recomputation.
+    `tokens_per_chunk` None picks chunk_tokens(local vocabulary). One chunk (a small
+    model) runs the plain loss: checkpointing it would only add a recomputation.
     """
-    if hasattr(logits, "device_mesh"):  # DTensor under loss_parallel: see the module doc
-        return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten())
     flat, targets = logits.flatten(0, -2), labels.flatten()
-    per_chunk = tokens_per_chunk or chunk_tokens(flat.shape[-1])
+    # A DTensor (under loss_parallel) holds 1/TP of the vocabulary on this rank.
+    local = flat.to_local() if hasattr(flat, "to_local") else flat
+    per_chunk = tokens_per_chunk or chunk_tokens(local.shape[-1])
     if flat.shape[0] <= per_chunk:
         return F.cross_entropy(flat.float(), targets)
-    total = flat.new_zeros((), dtype=torch.float32)
+    total = None
     for part, part_labels in zip(flat.split(per_chunk), targets.split(per_chunk)):
-        total = total + checkpoint(_chunk_loss_sum, part, part_labels, use_reentrant=False)
+        part_sum = checkpoint(_chunk_loss_sum, part, part_labels, use_reentrant=False)
+        total = part_sum if total is None else total + part_sum
     return total / targets.numel()
 
 
 def describe(vocab: int, tokens_per_microbatch: int, tensor_parallel: bool) -> str:
-    """The loss as run.json records it."""
-    if tensor_parallel:
-        return "vocab-parallel cross-entropy (loss_parallel, logits sharded over TP)"
+    """The loss as run.json records it; `vocab` is this rank's share of the vocabulary."""
+    kind = "vocab-parallel cross-entropy (loss_parallel, logits sharded over TP)" \
+        if tensor_parallel else "cross-entropy"
     per = chunk_tokens(vocab)
     if tokens_per_microbatch <= per:
-        return "cross-entropy, fp32 logits (one chunk)"
-    return (f"chunked cross-entropy: {-(-tokens_per_microbatch // per)} checkpointed chunks "
+        return f"{kind}, fp32 logits (one chunk)"
+    return (f"chunked {kind}: {-(-tokens_per_microbatch // per)} checkpointed chunks "
             f"of {per} tokens, fp32 inside each")

@@ -209,8 +209,8 @@ class Trainer:
         self.sdpa_backend = sdpa.chosen_backend(
             self.device, self.compute_dtype, max(1, spec.heads // lay.tp),
             max(1, spec.kv_heads // lay.tp), spec.head_dim, self.plan.seq_len, lay.cp)
-        self.loss_kind = loss.describe(spec.vocab_size, self.plan.mbs * self.plan.seq_len
-                                       // lay.cp, lay.tp > 1)
+        self.loss_kind = loss.describe(-(-spec.vocab_size // lay.tp),  # this rank's vocabulary
+                                       self.plan.mbs * self.plan.seq_len // lay.cp, lay.tp > 1)
 
     def setup_features(self) -> None:
         """Checkpointing (and the load that sets the first iteration), then tracing."""

@@ -90,6 +90,12 @@ class Shape:
     """Bytes per activation element: 2 for bf16/fp8 recipes, 4 for fp32."""
     fp8: bool
     ep: int = 1
+    engine: bool = False
+    """trainbench's engine rather than the recipe's Megatron-LM. Under sequence parallelism
+    (DTensor) a column-parallel linear keeps its all-gathered, whole-sequence input for
+    the backward, where Megatron keeps the sequence shard and gathers it again; and an
+    MoE layer gathers the sequence and computes every token on each TP rank, where
+    Megatron routes each rank's tokens/tp."""
 
     @property
     def tokens(self) -> int:
@@ -149,10 +155,14 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
     # (5 h), a residual add reads two and writes one forward and passes the gradient on (4 h).
     norm_residual = 9.0 * h * tok / t
     # FP8 recipes keep a GEMM's input in FP8 (1 B): Transformer Engine saves the cast copy.
-    gb = 1 if sh.fp8 else b
-    # Layer input and norm output, kept on tokens/tp (the norm output is re-gathered for the
-    # weight gradient: four all-gathers and reduce-scatters per transformer layer).
-    norm_saved = h * tok / t * (b + gb)
+    # torchao's float8 linear (the engine's) keeps the high-precision input and casts it
+    # again in the backward (matmul_with_hp_or_float8_args saves input_hp).
+    gb = 1 if sh.fp8 and not sh.engine else b
+    # Layer input and norm output, kept on tokens/tp (Megatron gathers the norm output again
+    # for the weight gradient: four all-gathers and reduce-scatters per transformer layer);
+    # the engine keeps the gathered output, on every token.
+    gathered = tok if sh.engine else tok / t
+    norm_saved = h * (tok / t * b + gathered * gb)
     input_bytes = h * tok / t * b
     gather = float(tok * h * b)  # one sequence-parallel all-gather of the layer input
 
@@ -168,7 +178,7 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
         attn_out = (q * tok / t) * b + m.heads / t * tok * 4
         act = norm_saved + (q + 2 * kv) * tok / t * b + attn_out
-        if sh.fp8:
+        if sh.fp8 and not sh.engine:
             act += q * tok / t  # the FP8 copy of the output, the out-projection's input
         params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)
         # Ring attention: each rank passes its K and V to the next, cp-1 times (Liu et al.
@@ -194,12 +204,13 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
                          input_bytes=input_bytes, params=params,
                          tp_gather_bytes=(gather,) if t > 1 else ())
     if kind == "moe":
-        # Sequence parallelism hands the MoE layer tokens/tp per rank; with ETP 1 (the
-        # published recipes, and trainbench's engine) experts are whole on each rank and
-        # the routed rows go to the EP rank holding their expert: under balanced routing
-        # each rank computes tokens/tp x top_k rows over its E/ep local experts.
+        # Sequence parallelism hands Megatron's MoE layer tokens/tp per rank (the engine
+        # gathers the whole sequence: Shape.engine); with ETP 1 (the published recipes,
+        # and trainbench's engine) experts are whole on each rank and the routed rows go
+        # to the EP rank holding their expert: under balanced routing each rank computes
+        # its tokens x top_k rows over its E/ep local experts.
         f, E, ep = m.moe_ffn, m.n_routed_experts, max(sh.ep, 1)
-        mine = tok / t
+        mine = gathered
         rows = mine * m.top_k
         per_expert = max(1, round(rows * ep / E))
         lins = [Linear("router", int(mine), h, E, False),
@@ -210,8 +221,9 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
             lins += [Linear("shared_up", tok, h, 2 * fs // t, sh.fp8),
                      Linear("shared_down", tok, fs // t, h, sh.fp8)]
         # The permuted copy of each row per expert, gathered and scattered back forward and
-        # backward, plus SwiGLU's traffic as in 'mlp' (routed and shared rows).
-        shared_rows = mine * m.n_shared_experts
+        # backward, plus SwiGLU's traffic as in 'mlp' (routed and shared rows; the shared
+        # expert is split over TP: its whole-sequence rows are 1/tp as wide).
+        shared_rows = tok / t * m.n_shared_experts
         hbm = (norm_residual + 8.0 * f * (rows + shared_rows) + 4.0 * h * rows) * b
         kept = ((2.0 * b + gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
         params = (h * E + (E // ep) * 3 * h * f + m.n_shared_experts * 3 * h * f / t + h)
@@ -257,7 +269,7 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         hbm = 16.0 * logits + 5.0 * h * tok / t * b
         params = m.vocab_size * h / t + (2 * h if m.norm == "layernorm1p" else h)
         # The final norm's input and output (the head stays in BF16).
-        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=2.0 * h * tok / t * b,
+        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=h * (tok / t + gathered) * b,
                          params=params, input_bytes=input_bytes,
                          tp_gather_bytes=(gather,) if t > 1 else ())
     raise ValueError(f"unknown layer kind {kind!r}; kinds: {', '.join(KINDS)}")
@@ -273,12 +285,12 @@ def logits_bytes(m: ModelSpec, sh: Shape, engine: bool = False) -> float:
     for the backward (4 B) and the fp32 gradient it becomes (4 B) per logit (Megatron-LM's
     vocabulary-parallel cross-entropy).
 
-    trainbench's engine without TP cuts the loss into checkpointed chunks once the logits
-    exceed one chunk (engine/loss.py): then only the logits and their gradient, in the
-    compute dtype, are whole, and the fp32 copy, softmax and gradient exist for one chunk
-    at a time."""
+    trainbench's engine cuts the loss into checkpointed chunks once a rank's logits (its
+    1/TP of the vocabulary under TP) exceed one chunk (engine/loss.py): then only the
+    logits and their gradient, in the compute dtype, are whole, and the fp32 copy,
+    softmax and gradient exist for one chunk at a time."""
     logits = sh.tokens * m.vocab_size / sh.tp
-    if engine and sh.tp == 1 and logits > LOSS_CHUNK_ELEMENTS:
+    if engine and logits > LOSS_CHUNK_ELEMENTS:
         return 2.0 * sh.act_bytes * logits + 12.0 * LOSS_CHUNK_ELEMENTS
     return 10.0 * logits
 

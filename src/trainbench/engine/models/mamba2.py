@@ -349,20 +349,25 @@ class Mamba2Mixer(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [b, L, hidden] -> [b, L, hidden]."""
-        batch, length, _ = hidden.shape
         rows = dict(self.group_rows())
         # [b, L, G, rows of one group]: the sections are split within each group.
         zxbcdt = self.in_proj(hidden).unflatten(-1, (self.n_groups, -1))
         z, xbc, dt = torch.split(
             zxbcdt, [rows["z"], rows["x"] + rows["B"] + rows["C"], rows["dt"]], dim=-1)
+        return self.out_proj(self.mix(xbc, dt, z))
 
+    def mix(self, xbc: torch.Tensor, dt: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Causal conv, SSD scan and gated norm: in_proj's xBC, dt and z sections (each
+        [b, L, G, rows of one group]) -> y [b, L, d_inner], out_proj's input."""
+        batch, length = xbc.shape[:2]
+        rows = dict(self.group_rows())
         xbc = F.silu(self._causal_conv(xbc.flatten(2))).unflatten(-1, (self.n_groups, -1))
         x, b, c = torch.split(xbc, [rows["x"], rows["B"], rows["C"]], dim=-1)
         # Group-major heads are head-major: head h is head h % (H/G) of group h // (H/G).
         x = x.reshape(batch, length, self.n_heads, self.head_dim)
 
         y = self.ssm(x, dt.flatten(2), b, c, self.chunk, self.use_kernel)
-        return self.out_proj(self._gated_norm(y.flatten(2), z.flatten(2)))
+        return self._gated_norm(y.flatten(2), z.flatten(2))
 
     def _causal_conv(self, xbc: torch.Tensor) -> torch.Tensor:
         """Depthwise conv along L; padding k-1 on both sides, first L outputs kept, so

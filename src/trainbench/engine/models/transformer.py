@@ -228,8 +228,15 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.relu(self.w1(x)).square())
+            return self.w2(self.activate(self.w1(x), self.w3(x)))
+        return self.w2(self.activate(self.w1(x)))
+
+    @staticmethod
+    def activate(h: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(gate) * up (SwiGLU, `up` given) or relu(h)^2."""
+        if up is not None:
+            return F.silu(h) * up
+        return F.relu(h).square()
 
 
 class TransformerBlock(nn.Module):
