@@ -163,6 +163,13 @@ PP_UNTRACEABLE = ("pipeline parallelism cannot be traced: the schedule's first s
                   "(DataDependentOutputException: aten._local_scalar_dense)")
 
 
+# Why a TP plan's traced peak is too high, said next to it.
+TP_LOSS_NOTE = ("under TP the traced temporaries include whole-vocabulary tensors of the "
+                "vocabulary-parallel loss, which torch's tracker counts under FakeTensorMode "
+                "and a rank never holds (python bench/fake_trace_loss_parallel.py): the "
+                "traced peak overstates the loss by up to TP times")
+
+
 def trace_problem(plan: Plan) -> str | None:
     if plan.layout.cp > 1:
         return CP_UNTRACEABLE
@@ -222,6 +229,8 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
                "forward_backward_peak_bytes": total,
                "optimizer_bytes": info["optimizer_bytes"],
                "peak_bytes": total + info["optimizer_bytes"]}
+        if plan.layout.tp > 1:
+            out["note"] = TP_LOSS_NOTE
     except Exception as err:  # an op without a fake kernel is the finding
         text = str(err).strip().splitlines()
         out = {"rank": rank, "error": f"{type(err).__name__}: {text[0] if text else ''}"}

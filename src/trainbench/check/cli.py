@@ -159,6 +159,8 @@ def print_table(data: dict) -> None:
                   f"{(pred['total'] - pred['allowance']) / GIB:.2f} GiB "
                   f"({traced['gap_pct']:+.1f}%), predicted peak with allowance "
                   f"{pred['total'] / GIB:.2f} GiB", highlight=False)
+        if traced.get("note"):
+            out.print(f"rank {r['rank']}: note: {traced['note']}", highlight=False)
     out.print("weights, grads, Adam: the sharded fp32 master weights, their gradients and the "
               "two AdamW moments this rank keeps; PP step: the compute-dtype weights and fp32 "
               "gradients a pipeline stage keeps gathered all step; predicted state: "
