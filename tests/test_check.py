@@ -133,6 +133,29 @@ def test_qwen3_235b_published_gb200_row_builds_with_experts_split_over_ep():
         assert built_model_state(r) == pytest.approx(predicted, rel=0.01)
 
 
+@pytest.mark.slow
+def test_deepseek_v3_published_gb200_row_builds_by_its_pipeline_layout():
+    """The published BF16 row on 256 GB200 (TP1 PP4 VP4 EP64, without MTP) places its 61
+    layers by Megatron's layout "Et*4|(tttt|)*14tL" (16 stages: 4, 14 x 4, 1), which the
+    plan refused before it could read one. Every pipeline rank at dp = 0 builds; the slice
+    adds up to the model less 63/64 of the routed experts (58 MoE layers x 256 experts x
+    3 x 7168 x 2048, by hand), and its model state equals predict's (predict counted
+    MLA's attention as multi-head attention of the same width before: 0.705B parameters
+    a layer instead of 0.187B, 60% above the build)."""
+    from trainbench.check.build import check_ranks
+    from trainbench.check.cli import built_model_state, predicted_for_rank
+    plan = build_plan("pretrain_deepseek_v3", "671b", "bf16", 256, "gb200")
+    results = check_ranks(plan, _slice_ranks(plan))
+    assert [r["stages"][0]["layers"][:4] for r in results] == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert results[-1]["stages"][-1]["layers"] == [60]
+    experts = 58 * 256 * 3 * 7168 * 2048
+    assert _slice_total(results) == parameter_count(plan.model) - experts * 63 // 64
+    for r in results:
+        predicted = predicted_for_rank(plan, r["pp"])["model_state"]
+        assert built_model_state(r) == pytest.approx(predicted, rel=0.01)
+
+
 def test_fsdp_shards_of_one_replica_add_up_to_the_model():
     """8B on 8 ranks is TP1 PP1 CP2 DP4: FSDP shards the whole model over all 8, so the
     parameters the 8 ranks hold add up to the model exactly (no padding counted)."""

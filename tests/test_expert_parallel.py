@@ -132,7 +132,7 @@ def deepseek_pp2vp2(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.parametrize("layout", ["pp2vp2", "cp2", "ep2"])
+@pytest.mark.parametrize("layout", ["pp2vp2", "cp2", "ep2", "pp2split"])
 def test_deepseek_v3_layouts_train_like_one_process(tmp_path, deepseek_one_process,
                                                     deepseek_pp2vp2, layout):
     """DeepSeek-V3's selection bias moves once per step, by the load of the whole step
@@ -143,14 +143,21 @@ def test_deepseek_v3_layouts_train_like_one_process(tmp_path, deepseek_one_proce
     by 1.3e-5 before pp.py kept the MoE state through it). cp2: the sequence-wise
     balance loss's counts are summed over the context ranks (without that, the step-2
     norm moved by 5.4e-5), and MLA's keys and values, of different widths, are gathered
-    separately."""
+    separately. pp2split: Megatron's layout language places the 4 layers 1 + 3 (an even
+    split would be 2 + 2), as DeepSeek-V3's published rows place their 61."""
     if layout == "pp2vp2":
         exp = deepseek_pp2vp2
+    elif layout == "pp2split":
+        exp = train(tmp_path, "pretrain_deepseek_v3", 2, "--set", "pp=2 pp_split=Et|tttL",
+                    steps=3)
+        info = json.loads((exp / "run.json").read_text())
+        assert info["parallel"]["stage_layers"] == [[0], [1, 2, 3]]
+        assert info["parallel"]["pp_split"] == "Et|tttL"
     else:
         exp = train(tmp_path, "pretrain_deepseek_v3", 2, "--set", layout.replace("2", "=2"),
                     steps=3)
     assert_trains_like_one_process(exp, deepseek_one_process,
-                                   PP_NORM_RTOL if layout == "pp2vp2" else NORM_RTOL)
+                                   PP_NORM_RTOL if layout.startswith("pp") else NORM_RTOL)
 
 
 @pytest.mark.slow

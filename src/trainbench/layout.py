@@ -9,14 +9,18 @@ the last virtual stage hold one transformer layer fewer (Llama 3.1 405B on PP8 V
 from __future__ import annotations
 
 from .plan import Plan, pipeline_layers
+from .pp_split import layer_counts
 
 
-def stage_layers(num_layers: int, pp: int, vp: int = 1) -> list[list[int]]:
-    """Layer indices of each virtual stage, in pipeline order (stage s runs on rank s % pp)."""
+def stage_layers(num_layers: int, pp: int, vp: int = 1, split: str = "") -> list[list[int]]:
+    """Layer indices of each virtual stage, in pipeline order (stage s runs on rank s % pp);
+    `split` is a Megatron pipeline layout (pp_split.py) placing them instead."""
     stages = pp * vp
-    if stages > num_layers + 2:
+    if split:
+        sizes = layer_counts(split, stages, num_layers)
+    elif stages > num_layers + 2:
         raise ValueError(f"{num_layers} layers cannot fill {stages} pipeline stages")
-    if num_layers % stages == 0:
+    elif num_layers % stages == 0:
         sizes = [num_layers // stages] * stages
     elif (num_layers + 2) % stages == 0:
         per = (num_layers + 2) // stages
@@ -58,7 +62,7 @@ def rank_rows(plan: Plan, limit: int = 32) -> list[dict[str, str]]:
     """One row per rank for `run --dry-run`; beyond `limit` ranks, the first rank of each
     pipeline stage (which stands for its TP x CP x DP ranks) and the last rank."""
     lay = plan.layout
-    split = stage_layers(pipeline_layers(plan.model), lay.pp, lay.vp)
+    split = stage_layers(pipeline_layers(plan.model), lay.pp, lay.vp, lay.pp_split)
     ranks = list(range(plan.gpus))
     per_stage = lay.tp * lay.cp * lay.dp
     shown = ranks if len(ranks) <= limit else sorted(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .catalog import hardware, recipes
 from .catalog.models import ModelSpec, get_model
+from .pp_split import layer_counts
 
 DTYPES = ("bf16", "fp8", "fp32", "mxfp8")
 FP8_DTYPES = ("fp8", "mxfp8")
@@ -50,6 +51,9 @@ class Layout:
     """Virtual pipeline stages per rank (interleaved 1F1B when > 1)."""
     dp_shard: int = 0
     """Ranks each FSDP group shards over (HSDP); 0 = shard over all of dp."""
+    pp_split: str = ""
+    """Megatron's pipeline layout string (pp_split.py) placing the layers on the PP x VP
+    stages; '' splits them evenly (or with the embedding and loss counted as layers)."""
 
     @property
     def world_size(self) -> int:
@@ -206,7 +210,8 @@ FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
 CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES,
                "reduce_dtype": ("fp32", "bf16"), "cp_impl": ("allgather", "ring")}
 BOOL_KEYS = ("compile", "fsdp_prefetch", "async_tp")
-SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS
+TEXT_KEYS = ("pp_split",)
+SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS + TEXT_KEYS
 # Bounds that keep a typo (an extra zero or three) from becoming a run that never ends or
 # an allocation that never fits: no benchmark needs more.
 MAX_INT = 2 ** 31 - 1
@@ -243,6 +248,8 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
                     if value.lower() not in ("true", "false", "1", "0"):
                         raise ValueError
                     out[key] = value.lower() in ("true", "1")
+                elif key in TEXT_KEYS:
+                    out[key] = value
                 else:
                     if value not in CHOICE_KEYS[key]:
                         raise ValueError
@@ -359,8 +366,10 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         model = model.with_layers(row.layers)  # the 405B proxies
 
     layout = Layout(tp=row.tp, pp=row.pp, cp=row.cp, ep=row.ep, dp=row.dp, vp=row.vp,
-                    dp_shard=row.dp_shard)
-    layout_over = {k: overrides.pop(k) for k in LAYOUT_KEYS if k in overrides}
+                    dp_shard=row.dp_shard, pp_split=row.pp_split)
+    layout_over = {k: overrides.pop(k) for k in LAYOUT_KEYS + TEXT_KEYS if k in overrides}
+    if layout_over.keys() & {"pp", "vp"} and "pp_split" not in layout_over:
+        layout = replace(layout, pp_split="")  # the row's split is for the row's stages
     if layout_over:
         layout = replace(layout, **layout_over)
         if "dp" not in layout_over and scale % (layout.tp * layout.pp * layout.cp) == 0:
@@ -536,9 +545,17 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
         p.append(f"VP={lay.vp} needs pipeline parallelism (PP > 1); set vp=1 or pp>1")
     layers = pipeline_layers(m)
     stages = lay.pp * lay.vp
-    if not layers_split_ok(layers, stages):
+    if lay.pp_split:
+        try:
+            if lay.pp == 1:
+                raise ValueError(f"pipeline layout {lay.pp_split!r} needs PP > 1")
+            layer_counts(lay.pp_split, stages, layers)
+        except ValueError as err:
+            p.append(f"--set pp_split: {err}")
+    elif not layers_split_ok(layers, stages):
         p.append(f"{layers} layers cannot be split into PP*VP = {stages} stages "
-                 f"(neither {layers} nor {layers}+2 for embedding and loss is a multiple)")
+                 f"(neither {layers} nor {layers}+2 for embedding and loss is a multiple); "
+                 "give Megatron's pipeline layout, e.g. --set pp_split='Et*4|(tttt|)*14tL'")
     if lay.cp > 1 and plan.seq_len % (2 * lay.cp):
         p.append(f"seq_len {plan.seq_len} is not divisible by 2*CP = {2 * lay.cp}")
     if plan.seq_len % (lay.cp * lay.tp):

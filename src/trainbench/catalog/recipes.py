@@ -53,6 +53,8 @@ class RecipeRow:
     note: str = ""
     recompute: str = "none"
     """Activation recomputation the published run used ('none', 'selective', 'full')."""
+    pp_split: str = ""
+    """Megatron's pipeline layout string where the layers do not split evenly."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,26 +125,38 @@ for _workload in ("pretrain_qwen3", "pretrain_deepseek_v3"):
 
 
 def _moe_row(workload, size, dtype, gpu_type, gpus, layers, tp, pp, vp, ep, mbs, gbs, source,
-             note=""):
+             note="", pp_split=""):
     """A published MoE layout (seq 4096, CP 1, ETP 1: the expert weights are not TP-split;
     EP spans the TP x DP ranks of a pipeline stage, as in Megatron-Core)."""
     dp = gpus // (tp * pp)
     return RecipeRow(workload, size, dtype, gpu_type, gpus, 4096, layers, tp, pp, 1, ep, dp,
                      vp, mbs, gbs, gbs // (mbs * dp), source,
-                     note=("ETP 1" + ("; " + note if note else "")), recompute="selective")
+                     note=("ETP 1" + ("; " + note if note else "")), recompute="selective",
+                     pp_split=pp_split)
 
 
 # 61 layers do not split evenly over the stages: Megatron-Core places them with an uneven
-# pipeline layout (deepseek_v3_llm_pretrain.yaml @fa0315a: "Et|(tt|)*30mL" for PP8 x VP4,
-# the embedding and one layer, 30 stages of two, the last layer and the loss).
+# pipeline layout (pp_split.py). PP8 x VP4: "Et|(tt|)*30mL", the embedding and one layer,
+# 30 stages of two, then MTP and the loss (deepseek_v3_llm_pretrain.yaml @fa0315a).
+# PP4 x VP4: "Et*4|(tttt|)*14tL", the embedding and 4 layers, 14 stages of 4, the last layer
+# and the loss: the layout Megatron-Bridge's DeepSeek-V3 recipe picks for 16 stages
+# (recipes/deepseek/deepseek_v3.py, _get_deepseek_v3_pipeline_layout, its last stage
+# without the MTP layer for the rows published without MTP). PP2 x VP4 (8 stages): that
+# map has no entry and the GB300 row names none, so it stays refused.
 _DSV3_LAYOUT = "uneven pipeline layout (Megatron pipeline_model_parallel_layout)"
+DSV3_SPLIT_32 = "Et|(tt|)*30mL"
+DSV3_SPLIT_16 = "Et*4|(tttt|)*14tL"
+DSV3_SPLITS = {32: DSV3_SPLIT_32, 16: DSV3_SPLIT_16}
+"""The layouts above by PP x VP stage count (Megatron-Bridge's map gives every (pp, vp)
+of 16 stages the same layout), for predicting published rows."""
 
 # The real MoE sizes: NVIDIA's published layouts (catalog.heldout holds their step times).
 # H100 published FP8 only; BF16 layouts were published for GB200/GB300 only. Recompute:
 # the recipes' "selective" (deepseek_v3_llm_pretrain.yaml @fa0315a).
 RECIPES += [
     _moe_row("pretrain_deepseek_v3", "671b", "fp8", "h100", 1024, 61, 2, 8, 4, 64, 1, 8192,
-             MB_MOE_H100_2509, "no later H100 row published; " + _DSV3_LAYOUT),
+             MB_MOE_H100_2509, "no later H100 row published; " + _DSV3_LAYOUT,
+             pp_split=DSV3_SPLIT_32),
     _moe_row("pretrain_qwen3", "30b_a3b", "fp8", "h100", 16, 48, 1, 1, 1, 16, 1, 1024,
              MB_MOE_H100_260401),
     _moe_row("pretrain_qwen3", "235b_a22b", "fp8", "h100", 256, 94, 2, 8, 4, 32, 1, 8192,
@@ -150,7 +164,7 @@ RECIPES += [
     _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb300", 256, 61, 1, 2, 4, 32, 1, 4096,
              MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT),
     _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb200", 256, 61, 1, 4, 4, 64, 1, 4096,
-             MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT),
+             MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT, pp_split=DSV3_SPLIT_16),
     _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb300", 256, 94, 1, 4, 12, 16, 2, 8192,
              MB_MOE_BF16_2511),
     _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb200", 256, 94, 1, 8, 3, 32, 1, 8192,

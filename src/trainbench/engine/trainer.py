@@ -419,7 +419,9 @@ class Trainer:
         if lay.pp > 1:
             summary["pipeline_schedule"] = schedule_name(self.plan)
             summary["stage_layers"] = stage_layers(pipeline_layers(self.plan.model),
-                                                   lay.pp, lay.vp)
+                                                   lay.pp, lay.vp, lay.pp_split)
+            if lay.pp_split:
+                summary["pp_split"] = lay.pp_split
         if lay.cp > 1:
             summary["context_parallel"] = "all-gather KV, head-tail load balance"
         return summary

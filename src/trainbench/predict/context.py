@@ -103,7 +103,7 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     kinds = {"embedding", "head"} | {k for k, n in plan.model.layer_counts().items()
                                      if n and k != "block"}
     work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}
-    chunks = pipeline_chunks(plan.model, lay.pp, lay.vp)
+    chunks = pipeline_chunks(plan.model, lay.pp, lay.vp, lay.pp_split)
     dp_shard = 0 if sharding == ENGINE else lay.dp_shard
     return Context(plan=plan, device=dev, constants=consts,
                    sharding=resolve_sharding(plan, sharding), shape=shape, work=work,

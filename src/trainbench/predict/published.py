@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..catalog import hardware
+from ..catalog import hardware, recipes
 from ..catalog.models import get_model
 from ..plan import Layout, Plan, PlanError, build_plan
 
@@ -22,7 +22,9 @@ def published_plan(workload: str, size: str, dtype: str, gpus: int, gpu_type: st
                    tp: int, pp: int, cp: int, ep: int, vp: int, mbs: int, gbs: int,
                    seq_len: int, recompute: str = "selective", source: str = "published") -> Plan:
     """The plan of a published layout, for prediction only (PlanError when its numbers
-    do not fit together)."""
+    do not fit together). DeepSeek-V3's 61 layers take Megatron-Bridge's layout for the
+    row's stage count where one is known (catalog.recipes.DSV3_SPLITS); otherwise predict
+    splits them as evenly as it can."""
     problems = []
     if gpus % (tp * pp * cp):
         problems.append(f"{gpus} GPUs do not split into TP{tp} x PP{pp} x CP{cp}")
@@ -40,6 +42,8 @@ def published_plan(workload: str, size: str, dtype: str, gpus: int, gpu_type: st
                       overrides=dict(tp=1, pp=1, cp=1, ep=1, dp=gpus, vp=1, mbs=mbs, gbs=gbs,
                                      seq_len=seq_len, recompute=recompute))
     gpu = hardware.get_gpu(gpu_type)
-    return replace(base, model=get_model(workload, size), size=size, dtype=dtype,
+    model = get_model(workload, size)
+    split = recipes.DSV3_SPLITS.get(pp * vp, "") if model.family == "deepseek_v3" else ""
+    return replace(base, model=model, size=size, dtype=dtype,
                    peak_tflops=gpu.peak(dtype), recipe_source=source,
-                   layout=Layout(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, vp=vp))
+                   layout=Layout(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, vp=vp, pp_split=split))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .. import flops as fl
 from .comm import moe_all_to_all_bytes
 from ..catalog.models import ModelSpec
+from ..pp_split import layer_counts
 
 KINDS = ("attention", "mlp", "moe", "mamba", "embedding", "head")
 
@@ -181,6 +182,10 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         if sh.fp8 and not sh.engine:
             act += q * tok / t  # the FP8 copy of the output, the out-projection's input
         params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)
+        if m.is_mla:
+            # MLA's own projections (replicated down, TP-split up and out) and its three
+            # norms: the layer's, q's latent and kv's latent.
+            params = sum(x.k * x.n for x in lins) + h + m.q_lora_rank + m.kv_lora_rank
         # Ring attention: each rank passes its K and V to the next, cp-1 times (Liu et al.
         # 2023, "Ring Attention"; Megatron-LM context parallelism).
         cp_kv = 2.0 * kv * tok / t * b * (sh.cp - 1)
@@ -307,17 +312,26 @@ def block_kinds(m: ModelSpec) -> list[tuple[str, ...]]:
     return [("attention", "mlp")] * m.layers
 
 
-def pipeline_chunks(m: ModelSpec, pp: int, vp: int) -> list[list[str]]:
+def pipeline_chunks(m: ModelSpec, pp: int, vp: int, split: str = "") -> list[list[str]]:
     """Layer kinds of each virtual pipeline stage (pp * vp of them, in model order).
 
-    Layers divide evenly over the stages, the embedding joining the first and the head
-    the last; otherwise NeMo counts the embedding and the loss as one layer each
+    `split`, a Megatron pipeline layout (pp_split.py), places the layers when given.
+    Otherwise layers divide evenly over the stages, the embedding joining the first and
+    the head the last; or NeMo counts the embedding and the loss as one layer each
     (Llama 3.1 405B: 126 + 2 = 128 = PP8 x VP8 x 2). Anything else is split as evenly as
     possible (plan validation normally rejects it).
     """
     units = block_kinds(m)
     stages = pp * vp
     n = len(units)
+    if split:
+        chunks, start = [], 0
+        for count in layer_counts(split, stages, n):
+            chunks.append([k for u in units[start:start + count] for k in u])
+            start += count
+        chunks[0].insert(0, "embedding")
+        chunks[-1].append("head")
+        return chunks
     if n % stages == 0 or (n + 2) % stages != 0:
         bounds = [round(i * n / stages) for i in range(stages + 1)]
         chunks = [[k for u in units[bounds[i]:bounds[i + 1]] for k in u] for i in range(stages)]

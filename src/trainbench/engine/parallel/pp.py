@@ -33,7 +33,7 @@ def split_into_stages(model: nn.Module, plan: Plan, pp_rank: int) -> list[tuple[
     `model` is the full model on the meta device (copying it costs no memory).
     """
     lay = plan.layout
-    split = stage_layers(pipeline_layers(plan.model), lay.pp, lay.vp)
+    split = stage_layers(pipeline_layers(plan.model), lay.pp, lay.vp, lay.pp_split)
     last = lay.pp * lay.vp - 1
     stages = []
     for index in rank_stages(pp_rank, lay.pp, lay.vp):
