@@ -234,11 +234,18 @@ def test_cli_json_for_the_405b_default_ranks():
         _plan("pretrain_llama3.1", "405b", "bf16", 512).model)
 
 
-def test_trace_says_why_cp_and_pp_plans_cannot_be_traced():
+def test_trace_says_why_pp_plans_cannot_be_traced_and_traces_cp_plans():
+    """A CP rank traces with a stand-in mask of the same memory (cp.py,
+    MEMORY_TRACE_STANDIN: the lower-right causal bias cannot wrap a FakeTensor), which is
+    off again afterwards; a pipeline's schedule cannot run on fake tensors."""
     from trainbench.check.build import trace_rank
-    cp_plan = _plan("pretrain_llama3.1", "8b", "bf16", 8)        # CP2
-    pp_plan = _plan("pretrain_llama3.1", "70b", "fp8", 64)       # TP4 PP8 VP5, no CP
-    assert "CausalBias" in trace_rank(cp_plan, 0)["error"]
+    from trainbench.engine.parallel import cp
+    cp_plan = build_plan("pretrain_llama3.1", "8b", "bf16", 8, "h100",
+                         overrides={"layers": 2, "compile": False})   # CP2 x DP4
+    pp_plan = _plan("pretrain_llama3.1", "70b", "fp8", 64)            # TP4 PP8 VP5, no CP
+    traced = trace_rank(cp_plan, 0)
+    assert traced["error"] is None and traced["categories"]["Activation"] > 0
+    assert cp.MEMORY_TRACE_STANDIN is False
     assert "_warmup_p2p" in trace_rank(pp_plan, 0)["error"]
 
 

@@ -10,6 +10,8 @@ group can be destroyed and made again for the next rank in the same process.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import time
 from pathlib import Path
@@ -152,11 +154,6 @@ def check_ranks(plan: Plan, ranks: list[int], progress=None) -> list[dict]:
 
 
 # Why a plan's step cannot be traced here; checked before anything is built.
-CP_UNTRACEABLE = ("context parallelism cannot be traced: its attention mask, "
-                  "torch.nn.attention.bias.causal_lower_right, is a CausalBias tensor subclass, "
-                  "which cannot wrap a FakeTensor ('Creating a new Tensor subclass CausalBias "
-                  "but the raw Tensor object is already associated to a python object of type "
-                  "FakeTensor')")
 PP_UNTRACEABLE = ("pipeline parallelism cannot be traced: the schedule's first step "
                   "(torch.distributed.pipelining, _warmup_p2p) reads the neighbours' vote "
                   "with .item(), which a FakeTensor cannot answer "
@@ -170,9 +167,19 @@ TP_LOSS_NOTE = ("under TP the traced temporaries include whole-vocabulary tensor
                 "traced peak overstates the loss by up to TP times")
 
 
+@contextlib.contextmanager
+def _cp_memory_standin():
+    """CP attention with a stand-in mask of the same memory while tracing (cp.py,
+    MEMORY_TRACE_STANDIN: the lower-right causal bias cannot wrap a FakeTensor)."""
+    from ..engine.parallel import cp
+    cp.MEMORY_TRACE_STANDIN = True
+    try:
+        yield
+    finally:
+        cp.MEMORY_TRACE_STANDIN = False
+
+
 def trace_problem(plan: Plan) -> str | None:
-    if plan.layout.cp > 1:
-        return CP_UNTRACEABLE
     if plan.layout.pp > 1:
         return PP_UNTRACEABLE
     if plan.gpus == 1:
@@ -210,7 +217,7 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
         batches = [trainer.context_shard(i, t) for i, t in trainer.step_batches(0)]
         batches = batches[:microbatches]
         trainer.positions()
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True), _cp_memory_standin():
             for part in trainer.model_parts:
                 part.to_empty(device="cpu")
             optimizer = build_optimizer(trainer.model, plan.lr)

@@ -179,6 +179,12 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
         attn_out = (q * tok / t) * b + m.heads / t * tok * 4
         act = norm_saved + (q + 2 * kv) * tok / t * b + attn_out
+        if sh.engine and sh.cp > 1:
+            # The engine's all-gather CP keeps the whole sequence's keys and values,
+            # grouped heads expanded to the query heads, for every chunk's attention, and
+            # the chunks' outputs beside their concatenation, the out projection's input
+            # (parallel/cp.py); Megatron's ring keeps its own shard of K and V.
+            act += (2 * q * sh.cp - 2 * kv + q) * tok / t * b
         if sh.fp8 and not sh.engine:
             act += q * tok / t  # the FP8 copy of the output, the out-projection's input
         params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)

@@ -116,10 +116,22 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     for local, c in enumerate(chunk_ids(cp, rank)):
         q_c = q[:, :, local * chunk:(local + 1) * chunk]
         keys = (c + 1) * chunk
+        if MEMORY_TRACE_STANDIN:
+            outputs.append(F.scaled_dot_product_attention(
+                q_c, k_all[:, :, :keys], v_all[:, :, :keys], is_causal=True, scale=scale))
+            continue
         outputs.append(F.scaled_dot_product_attention(
             q_c, k_all[:, :, :keys], v_all[:, :, :keys],
             attn_mask=_lower_right(chunk, keys), scale=scale))
     return torch.cat(outputs, dim=2)
+
+
+MEMORY_TRACE_STANDIN = False
+"""Set only by `trainbench check --trace` (check/build.py): the lower-right causal bias is
+a tensor subclass that cannot wrap a FakeTensor, so a memory trace gives each chunk's
+attention the top-left causal mask instead. The numbers differ; what the step keeps does
+not: the same inputs, and a fused kernel's output and softmax statistics of the same
+shapes."""
 
 
 def _in_sequence_order(gathered: torch.Tensor, cp: int, chunk: int) -> torch.Tensor:
