@@ -545,10 +545,10 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
         p.append(f"VP={lay.vp} needs pipeline parallelism (PP > 1); set vp=1 or pp>1")
     layers = pipeline_layers(m)
     stages = lay.pp * lay.vp
-    if lay.pp_split:
+    if lay.pp_split and lay.pp == 1:
+        p.append(f"--set pp_split: pipeline layout {lay.pp_split!r} needs PP > 1")
+    elif lay.pp_split:
         try:
-            if lay.pp == 1:
-                raise ValueError(f"pipeline layout {lay.pp_split!r} needs PP > 1")
             layer_counts(lay.pp_split, stages, layers)
         except ValueError as err:
             p.append(f"--set pp_split: {err}")

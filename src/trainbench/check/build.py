@@ -11,7 +11,6 @@ group can be destroyed and made again for the next rank in the same process.
 from __future__ import annotations
 
 import contextlib
-
 import math
 import time
 from pathlib import Path

@@ -209,8 +209,7 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
             biggest = ctx.work["attention"].act_bytes + max(
                 ctx.work[k].act_bytes for k in ("mlp", "moe") if k in ctx.work)
         transient += biggest  # the block being recomputed for its backward
-    logits = logits_bytes(plan.model, ctx.shape, engine=ctx.requested_sharding == ENGINE) \
-        if "head" in kinds else 0.0
+    logits = logits_bytes(plan.model, ctx.shape) if "head" in kinds else 0.0
     # PyTorch's caching allocator fragments under activations of varying lifetimes (CUDA
     # semantics docs, "memory management"); NCCL and cuBLAS keep workspaces.
     allowance = c.fragmentation * (activations + logits) + c.buffers_gib * GIB

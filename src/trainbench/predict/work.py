@@ -92,11 +92,13 @@ class Shape:
     fp8: bool
     ep: int = 1
     engine: bool = False
-    """trainbench's engine rather than the recipe's Megatron-LM. Under sequence parallelism
-    (DTensor) a column-parallel linear keeps its all-gathered, whole-sequence input for
-    the backward, where Megatron keeps the sequence shard and gathers it again; and an
-    MoE layer gathers the sequence and computes every token on each TP rank, where
-    Megatron routes each rank's tokens/tp."""
+    """trainbench's engine rather than the recipe's Megatron-LM, where they differ: under
+    sequence parallelism (DTensor) a column-parallel linear keeps its all-gathered,
+    whole-sequence input for the backward (Megatron keeps the shard and gathers it
+    again); an MoE layer gathers the sequence and computes every token on each TP rank
+    (Megatron routes each rank's tokens/tp); the all-gather CP keeps the whole sequence's
+    keys and values; torchao's float8 linear keeps its bf16 input; and the loss is cut
+    into chunks (logits_bytes)."""
 
     @property
     def tokens(self) -> int:
@@ -291,7 +293,7 @@ LOSS_CHUNK_ELEMENTS = 2 ** 27
 CHUNK_ELEMENTS; a test keeps the two equal, this module stays free of torch)."""
 
 
-def logits_bytes(m: ModelSpec, sh: Shape, engine: bool = False) -> float:
+def logits_bytes(m: ModelSpec, sh: Shape) -> float:
     """Peak memory of the loss on the last stage: bf16 logits (2 B), the fp32 softmax kept
     for the backward (4 B) and the fp32 gradient it becomes (4 B) per logit (Megatron-LM's
     vocabulary-parallel cross-entropy).
@@ -301,7 +303,7 @@ def logits_bytes(m: ModelSpec, sh: Shape, engine: bool = False) -> float:
     logits and their gradient, in the compute dtype, are whole, and the fp32 copy,
     softmax and gradient exist for one chunk at a time."""
     logits = sh.tokens * m.vocab_size / sh.tp
-    if engine and logits > LOSS_CHUNK_ELEMENTS:
+    if sh.engine and logits > LOSS_CHUNK_ELEMENTS:
         return 2.0 * sh.act_bytes * logits + 12.0 * LOSS_CHUNK_ELEMENTS
     return 10.0 * logits
 

@@ -116,13 +116,10 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     for local, c in enumerate(chunk_ids(cp, rank)):
         q_c = q[:, :, local * chunk:(local + 1) * chunk]
         keys = (c + 1) * chunk
-        if MEMORY_TRACE_STANDIN:
-            outputs.append(F.scaled_dot_product_attention(
-                q_c, k_all[:, :, :keys], v_all[:, :, :keys], is_causal=True, scale=scale))
-            continue
+        mask = (dict(is_causal=True) if MEMORY_TRACE_STANDIN
+                else dict(attn_mask=_lower_right(chunk, keys)))
         outputs.append(F.scaled_dot_product_attention(
-            q_c, k_all[:, :, :keys], v_all[:, :, :keys],
-            attn_mask=_lower_right(chunk, keys), scale=scale))
+            q_c, k_all[:, :, :keys], v_all[:, :, :keys], scale=scale, **mask))
     return torch.cat(outputs, dim=2)
 
 
