@@ -152,11 +152,114 @@ def check_ranks(plan: Plan, ranks: list[int], progress=None) -> list[dict]:
     return out
 
 
-# Why a plan's step cannot be traced here; checked before anything is built.
-PP_UNTRACEABLE = ("pipeline parallelism cannot be traced: the schedule's first step "
-                  "(torch.distributed.pipelining, _warmup_p2p) reads the neighbours' vote "
-                  "with .item(), which a FakeTensor cannot answer "
-                  "(DataDependentOutputException: aten._local_scalar_dense)")
+# Why a PP plan cannot be traced on this torch (the stand-in below needs the metadata
+# protocol of torch 2.13's pipelining).
+PP_UNTRACEABLE = ("pipeline parallelism is traced only with torch >= 2.13's pipelining "
+                  "(its per-stage metadata exchange, which the trace answers locally)")
+
+
+def _pipeline_protocol() -> bool:
+    from torch.distributed.pipelining import schedules, stage
+    return (hasattr(schedules._PipelineSchedule, "_warmup_p2p")
+            and hasattr(stage.PipelineStage, "_recv_meta")
+            and hasattr(stage, "_StageForwardMeta"))
+
+
+def hidden_state_bytes(plan: Plan) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and dtype of what one pipeline stage sends the next per microbatch: this
+    rank's hidden states, the sequence cut over CP and, under sequence parallelism, TP."""
+    lay = plan.layout
+    seq = plan.seq_len // lay.cp // (lay.tp if lay.tp > 1 else 1)
+    dtype = torch.float32 if plan.dtype == "fp32" else torch.bfloat16
+    return (plan.mbs, seq, plan.model.hidden), dtype
+
+
+def _stages(schedule) -> list:
+    return list(getattr(schedule, "_stages", None) or [schedule._stage])
+
+
+def _track_every_microbatch(schedule, tracker) -> None:
+    """Let torch's memory tracker follow a stage through all of a step's microbatches.
+
+    The tracker keeps statistics per module and refuses a module called again from the
+    top level, which it takes for the next iteration; a pipeline stage is called once
+    per microbatch within one step. Only the tracker's peak is read here, so the
+    stage's module statistics start again at each of its forwards."""
+    for stage in _stages(schedule):
+        run = stage.forward_maybe_with_nosync
+
+        def forward(*args, run=run, module=stage.submod, **kwargs):
+            tracker.memory_tracking.pop(module, None)
+            return run(*args, **kwargs)
+        stage.forward_maybe_with_nosync = forward
+
+
+def _initialize_pipeline(trainer, inputs: torch.Tensor, labels: torch.Tensor) -> list:
+    """Run the schedule's first-step set-up (metadata inference on the first microbatch,
+    then a receive buffer per microbatch) before tracing, and return those buffers.
+
+    Set up inside the tracker, the last stage's metadata inference fails: it takes input
+    gradients with autograd.grad, and the tracker's hooks on a received (leaf) tensor
+    cannot run there. Outside it nothing is lost: the inference is one microbatch's
+    forward and backward before any buffer exists, which the traced step repeats with
+    more alive; its tensors are freed after it. The receive buffers the set-up leaves
+    (one per microbatch and stage, for activations and for gradients, alive all step)
+    are counted beside the traced peak, as the AdamW moments are."""
+    schedule = trainer.pipeline
+    mbs = trainer.plan.mbs
+    positions = trainer.positions().expand(inputs.shape[0], -1)
+    args = (inputs[:mbs],) if trainer.has_first_stage else ()
+    target = labels[:mbs] if trainer.has_last_stage else None
+    initialize = getattr(schedule, "_initialize_stages", None) or schedule._initialize_stage
+    # Eager, as the traced step itself runs (dynamo does not compile under the tracker's
+    # dispatch mode); compiled here, inductor's kernels would run on fake tensors.
+    with torch.compiler.set_stance("force_eager"):
+        initialize(args, {"positions": positions[:mbs]}, target)
+    buffers = []
+    for stage in _stages(schedule):
+        for infos in [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]:
+            buffers += [info.buffer for info in infos if info.buffer is not None]
+    return buffers
+
+
+@contextlib.contextmanager
+def _pipeline_neighbours_standin(trainer, plan: Plan):
+    """The schedule's exchanges with the neighbouring stages answered locally.
+
+    On its first step torch's schedule votes with the other stages (a tensor read with
+    .item(), which a FakeTensor cannot answer) and receives each neighbour's output and
+    gradient metadata as pickled objects, which the fake process group does not carry.
+    Here the vote's outcome (metadata inferred at run time, as every stage of the
+    engine's pipeline votes) is set directly and each received object is the one the
+    neighbour sends: its hidden states' shape and dtype (hidden_state_bytes), and the
+    gradient of the same. Checked after the step against what this rank's own stages
+    send. Activations, the schedule's receive buffers and its P2P transfers are the
+    real ones."""
+    from torch.distributed.pipelining import _utils
+    from torch.distributed.pipelining.stage import InferenceMode
+    schedule = trainer.pipeline
+    stages = _stages(schedule)
+    shape, dtype = hidden_state_bytes(plan)
+    hidden = _utils.extract_tensor_meta(torch.empty(shape, dtype=dtype, device="meta",
+                                                    requires_grad=True))
+    forward = _utils._StageForwardMeta(forward_metas=(hidden,))
+    backward = _utils._StageBackwardMeta(backward_metas=_utils._derive_grad_metas((hidden,)))
+
+    def vote(voters, has_backward, p2p_done):
+        for voter in voters:
+            voter._inference_mode = InferenceMode.DYNAMIC
+
+    for stage in stages:
+        index = stage.stage_index
+        stage._recv_meta = lambda src, index=index: forward if src < index else backward
+        stage._send_meta = lambda meta, dst: None
+    schedule._warmup_p2p = vote
+    yield
+    for stage in stages:
+        sent = stage._stage_meta.outputs
+        if not stage.is_last and (tuple(sent[0].shape), sent[0].dtype) != (shape, dtype):
+            raise RuntimeError(f"stage {stage.stage_index} sends {tuple(sent[0].shape)} "
+                               f"{sent[0].dtype}, the trace assumed {shape} {dtype}")
 
 
 # Why a TP plan's traced peak is too high, said next to it.
@@ -179,7 +282,7 @@ def _cp_memory_standin():
 
 
 def trace_problem(plan: Plan) -> str | None:
-    if plan.layout.pp > 1:
+    if plan.layout.pp > 1 and not _pipeline_protocol():
         return PP_UNTRACEABLE
     if plan.gpus == 1:
         return "a one-rank plan has no FSDP root for FSDPMemTracker"
@@ -204,37 +307,59 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from ..engine.optim import build_optimizer
+    from ..layout import rank_stages
     problem = trace_problem(plan)
     if problem:
         return {"rank": rank, "error": problem}
     start = time.perf_counter()
     try:
         trainer = build_rank(plan, rank)
-        info = count_rank(plan, rank, [0], trainer.model_parts)
+        lay = plan.layout
+        indices = (rank_stages(rank_coordinates(rank, plan)["pp"], lay.pp, lay.vp)
+                   if lay.pp > 1 else [0])
+        info = count_rank(plan, rank, indices, trainer.model_parts)
+        pipeline = trainer.pipeline is not None
         # Real (small) batches: the synthetic data generator reads numbers back, which a
         # fake tensor cannot; fake mode takes them as inputs.
-        batches = [trainer.context_shard(i, t) for i, t in trainer.step_batches(0)]
-        batches = batches[:microbatches]
+        if pipeline:  # the schedule runs all of the step's microbatches in one call
+            batches = trainer.timed_step_inputs(0)
+        else:
+            batches = [trainer.context_shard(i, t) for i, t in trainer.step_batches(0)]
+            batches = batches[:microbatches]
         trainer.positions()
-        with FakeTensorMode(allow_non_fake_inputs=True), _cp_memory_standin():
+        neighbours = (_pipeline_neighbours_standin(trainer, plan) if pipeline
+                      else contextlib.nullcontext())
+        with FakeTensorMode(allow_non_fake_inputs=True), _cp_memory_standin(), neighbours:
             for part in trainer.model_parts:
                 part.to_empty(device="cpu")
+            buffers = _initialize_pipeline(trainer, *batches[0]) if pipeline else []
             optimizer = build_optimizer(trainer.model, plan.lr)
-            tracker = FSDPMemTracker(trainer.model, optimizer)
+            tracker = FSDPMemTracker(trainer.model_parts[0], optimizer)
+            # torch's tracker takes one FSDP root; a rank's pipeline stages are several
+            # (trainer.model holds them all), each an FSDP root of its own.
+            tracker._root_mod = trainer.model
+            if pipeline:
+                _track_every_microbatch(trainer.pipeline, tracker)
             with tracker:
                 for inputs, labels in batches:
-                    trainer.forward_backward_step(inputs, labels)
+                    if pipeline:
+                        trainer.pipeline_step(inputs, labels)
+                    else:
+                        trainer.forward_backward_step(inputs, labels)
                     # Module-wise stats cover one forward each; the peak is kept.
                     tracker.reset_mod_stats()
-            snapshot = tracker.get_tracker_snapshot("peak")
+        snapshot = tracker.get_tracker_snapshot("peak")
         (device_snapshot,) = snapshot.values()
         parts = {str(getattr(k, "value", k)): int(v) for k, v in device_snapshot.items()}
         total = parts.pop("Total")
-        out = {"rank": rank, "error": None, "microbatches": len(batches),
+        out = {"rank": rank, "error": None,
+               "microbatches": plan.ga if pipeline else len(batches),
                "categories": {k: v for k, v in parts.items() if v},
                "forward_backward_peak_bytes": total,
                "optimizer_bytes": info["optimizer_bytes"],
+               "pipeline_buffer_bytes": sum(b.numel() * b.element_size() for b in buffers),
                "peak_bytes": total + info["optimizer_bytes"]}
+        out["peak_bytes"] += out["pipeline_buffer_bytes"]
         if plan.layout.tp > 1:
             out["note"] = TP_LOSS_NOTE
     except Exception as err:  # an op without a fake kernel is the finding

@@ -152,10 +152,12 @@ def print_table(data: dict) -> None:
             out.print(f"rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:.2f} GiB "
                       f"({parts}); predict cannot describe this plan", highlight=False)
             continue
+        buffers = (f" + pipeline receive buffers {traced['pipeline_buffer_bytes'] / GIB:.2f}"
+                   if traced.get("pipeline_buffer_bytes") else "")
         out.print(f"rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:.2f} GiB = "
                   f"forward/backward of {traced['microbatches']} microbatches "
                   f"{traced['forward_backward_peak_bytes'] / GIB:.2f} ({parts}) + AdamW "
-                  f"moments {traced['optimizer_bytes'] / GIB:.2f}; predicted tensors "
+                  f"moments {traced['optimizer_bytes'] / GIB:.2f}{buffers}; predicted tensors "
                   f"{(pred['total'] - pred['allowance']) / GIB:.2f} GiB "
                   f"({traced['gap_pct']:+.1f}%), predicted peak with allowance "
                   f"{pred['total'] / GIB:.2f} GiB", highlight=False)

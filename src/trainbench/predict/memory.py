@@ -116,6 +116,20 @@ def in_flight_chunks(pp: int, vp: int, rank: int, microbatches: int) -> int:
     return min(microbatches * vp, warmup + 1)
 
 
+def pipeline_buffer_bytes(ctx: Context, rank: int) -> float:
+    """What torch.distributed.pipelining allocates on a rank's first step and keeps: for
+    every microbatch, a buffer for the hidden states each of the rank's stages receives
+    (all but the first stage) and one for the gradient it receives (all but the last).
+    Megatron-LM receives into a fresh tensor per microbatch instead."""
+    plan, lay = ctx.plan, ctx.plan.layout
+    stages = lay.pp * lay.vp
+    held = [rank + chunk * lay.pp for chunk in range(lay.vp)]
+    receiving = sum((s > 0) + (s < stages - 1) for s in held)
+    sp = lay.tp if lay.tp > 1 else 1  # sequence parallelism cuts what a stage sends
+    hidden = plan.mbs * plan.seq_len // lay.cp // sp * plan.model.hidden
+    return receiving * ctx.microbatches * hidden * (2.0 if plan.dtype != "fp32" else 4.0)
+
+
 def _unit_param_max(ctx: Context) -> float:
     """Largest FSDP unit: a transformer block (attention + MLP), a hybrid layer, or the
     embedding / head."""
@@ -210,6 +224,8 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
                 ctx.work[k].act_bytes for k in ("mlp", "moe") if k in ctx.work)
         transient += biggest  # the block being recomputed for its backward
     logits = logits_bytes(plan.model, ctx.shape) if "head" in kinds else 0.0
+    if ctx.requested_sharding == ENGINE and lay.pp > 1:
+        transient += pipeline_buffer_bytes(ctx, rank)
     # PyTorch's caching allocator fragments under activations of varying lifetimes (CUDA
     # semantics docs, "memory management"); NCCL and cuBLAS keep workspaces.
     allowance = c.fragmentation * (activations + logits) + c.buffers_gib * GIB
