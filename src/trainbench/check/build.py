@@ -360,7 +360,7 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
                "pipeline_buffer_bytes": sum(b.numel() * b.element_size() for b in buffers),
                "peak_bytes": total + info["optimizer_bytes"]}
         out["peak_bytes"] += out["pipeline_buffer_bytes"]
-        if plan.layout.tp > 1:
+        if plan.layout.tp > 1 and (not pipeline or trainer.has_last_stage):
             out["note"] = TP_LOSS_NOTE
     except Exception as err:  # an op without a fake kernel is the finding
         text = str(err).strip().splitlines()
