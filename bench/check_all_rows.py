@@ -8,10 +8,14 @@ gradients, the two AdamW moments, and under PP the gathered weights and fp32 gra
 stage keeps all step) is printed beside `trainbench predict`'s figure for the same
 pipeline rank (--sharding engine) and predict's whole-peak figure for the plan.
 
-    python bench/check_all_rows.py [--ranks first-last|default] [--only SUBSTRING]
+    python bench/check_all_rows.py [--ranks first-last|default] [--only SUBSTRING] [--trace]
 
 One line per row; the last line counts rows that built, failed, and whose model state
-differs from predict's by more than 10%.
+differs from predict's by more than 10%. With --trace each built rank's whole step is
+also traced (`trainbench check --trace`: every microbatch of a pipeline schedule, at
+real width; minutes to tens of minutes a rank on a 2-core machine), one more line per
+rank gives the traced peak beside predict's (tensors only on both sides), and the last
+line counts the ranks more than 10% apart and those that could not be traced.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ def main() -> int:
                              "(the first and last rank of every pipeline stage)")
     parser.add_argument("--only", default="", help="rows whose 'workload size dtype gpus' "
                                                    "contains this text")
+    parser.add_argument("--trace", action="store_true",
+                        help="also trace each rank's step and compare its peak with predict's")
     args = parser.parse_args()
 
     from trainbench.catalog import recipes
@@ -39,13 +45,13 @@ def main() -> int:
 
     rows = [r for r in recipes.RECIPES if r.gpu_type == "h100" and r.source.startswith("seed")
             and args.only in f"{r.workload} {r.size} {r.dtype} {r.gpus}"]
-    built = failed = off = 0
+    built = failed = off = traced_off = untraced = 0
     start_all = time.perf_counter()
     for row in rows:
         plan = build_plan(row.workload, row.size, row.dtype, row.gpus, "h100")
         ranks = default_ranks(plan) if args.ranks == "default" else sorted({0, plan.gpus - 1})
         start = time.perf_counter()
-        data = check_plan(plan, ranks)
+        data = check_plan(plan, ranks, trace=args.trace)
         secs = time.perf_counter() - start
         peak = predict_memory(plan, sharding="engine").total / GIB
         label = f"{row.workload} {row.size} {row.dtype} {row.gpus:>4} {plan.layout.describe():<22}"
@@ -63,8 +69,22 @@ def main() -> int:
               f"state {worst['built_model_state_bytes'] / GIB:7.2f} GiB (rank {worst['rank']}), "
               f"predicted {pred:7.2f} GiB ({'-' if gap is None else f'{gap:+.1f}%'}); "
               f"predicted peak {peak:6.1f} GiB; {secs:5.1f} s", flush=True)
+        for r in data["ranks"] if args.trace else []:
+            traced = r["trace"]
+            if traced.get("error") or traced.get("gap_pct") is None:
+                untraced += 1
+                print(f"  rank {r['rank']}: not traced: {traced.get('error')}", flush=True)
+                continue
+            traced_off += abs(traced["gap_pct"]) > 10
+            tensors = (r["predicted"]["total"] - r["predicted"]["allowance"]) / GIB
+            print(f"  rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:7.2f} GiB over "
+                  f"{traced['microbatches']} microbatches, predicted tensors {tensors:7.2f} GiB "
+                  f"({traced['gap_pct']:+.1f}%); {traced['trace_s']:.0f} s", flush=True)
+    traced_text = (f"; traced ranks: {traced_off} more than 10% from predict's, {untraced} "
+                   f"not traced" if args.trace else "")
     print(f"{len(rows)} rows: {built} built, {failed} failed, {off} with model state more "
-          f"than 10% from predict's; {time.perf_counter() - start_all:.0f} s", flush=True)
+          f"than 10% from predict's{traced_text}; {time.perf_counter() - start_all:.0f} s",
+          flush=True)
     return 1 if failed else 0
 
 
