@@ -165,15 +165,6 @@ def _pipeline_protocol() -> bool:
             and hasattr(stage, "_StageForwardMeta"))
 
 
-def hidden_state_bytes(plan: Plan) -> tuple[tuple[int, ...], torch.dtype]:
-    """Shape and dtype of what one pipeline stage sends the next per microbatch: this
-    rank's hidden states, the sequence cut over CP and, under sequence parallelism, TP."""
-    lay = plan.layout
-    seq = plan.seq_len // lay.cp // (lay.tp if lay.tp > 1 else 1)
-    dtype = torch.float32 if plan.dtype == "fp32" else torch.bfloat16
-    return (plan.mbs, seq, plan.model.hidden), dtype
-
-
 def _stages(schedule) -> list:
     return list(getattr(schedule, "_stages", None) or [schedule._stage])
 
@@ -207,14 +198,14 @@ def _initialize_pipeline(trainer, inputs: torch.Tensor, labels: torch.Tensor) ->
     are counted beside the traced peak, as the AdamW moments are."""
     schedule = trainer.pipeline
     mbs = trainer.plan.mbs
-    positions = trainer.positions().expand(inputs.shape[0], -1)
+    positions = trainer.positions().expand(mbs, -1)
     args = (inputs[:mbs],) if trainer.has_first_stage else ()
     target = labels[:mbs] if trainer.has_last_stage else None
     initialize = getattr(schedule, "_initialize_stages", None) or schedule._initialize_stage
     # Eager, as the traced step itself runs (dynamo does not compile under the tracker's
     # dispatch mode); compiled here, inductor's kernels would run on fake tensors.
     with torch.compiler.set_stance("force_eager"):
-        initialize(args, {"positions": positions[:mbs]}, target)
+        initialize(args, {"positions": positions}, target)
     buffers = []
     for stage in _stages(schedule):
         for infos in [*stage.args_recv_info.values(), *stage.grad_recv_info.values()]:
@@ -231,15 +222,18 @@ def _pipeline_neighbours_standin(trainer, plan: Plan):
     gradient metadata as pickled objects, which the fake process group does not carry.
     Here the vote's outcome (metadata inferred at run time, as every stage of the
     engine's pipeline votes) is set directly and each received object is the one the
-    neighbour sends: its hidden states' shape and dtype (hidden_state_bytes), and the
-    gradient of the same. Checked after the step against what this rank's own stages
+    neighbour sends: its hidden states' shape (predict's stage_message_shape) in the
+    compute dtype, and the gradient of the same. Checked after the step against what this rank's own stages
     send. Activations, the schedule's receive buffers and its P2P transfers are the
     real ones."""
     from torch.distributed.pipelining import _utils
     from torch.distributed.pipelining.stage import InferenceMode
+
+    from ..predict.memory import stage_message_shape
     schedule = trainer.pipeline
     stages = _stages(schedule)
-    shape, dtype = hidden_state_bytes(plan)
+    shape = stage_message_shape(plan)
+    dtype = torch.float32 if plan.dtype == "fp32" else torch.bfloat16
     hidden = _utils.extract_tensor_meta(torch.empty(shape, dtype=dtype, device="meta",
                                                     requires_grad=True))
     forward = _utils._StageForwardMeta(forward_metas=(hidden,))
@@ -352,14 +346,14 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
         (device_snapshot,) = snapshot.values()
         parts = {str(getattr(k, "value", k)): int(v) for k, v in device_snapshot.items()}
         total = parts.pop("Total")
+        buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
         out = {"rank": rank, "error": None,
                "microbatches": plan.ga if pipeline else len(batches),
                "categories": {k: v for k, v in parts.items() if v},
                "forward_backward_peak_bytes": total,
                "optimizer_bytes": info["optimizer_bytes"],
-               "pipeline_buffer_bytes": sum(b.numel() * b.element_size() for b in buffers),
-               "peak_bytes": total + info["optimizer_bytes"]}
-        out["peak_bytes"] += out["pipeline_buffer_bytes"]
+               "pipeline_buffer_bytes": buffer_bytes,
+               "peak_bytes": total + info["optimizer_bytes"] + buffer_bytes}
         if plan.layout.tp > 1 and (not pipeline or trainer.has_last_stage):
             out["note"] = TP_LOSS_NOTE
     except Exception as err:  # an op without a fake kernel is the finding

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..layout import rank_stages
 from ..plan import Plan
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import GIB
@@ -116,18 +117,24 @@ def in_flight_chunks(pp: int, vp: int, rank: int, microbatches: int) -> int:
     return min(microbatches * vp, warmup + 1)
 
 
+def stage_message_shape(plan: Plan) -> tuple[int, int, int]:
+    """What one pipeline stage sends the next per microbatch: this rank's hidden states,
+    the sequence cut over CP and, under sequence parallelism, over TP."""
+    lay = plan.layout
+    return plan.mbs, plan.seq_len // lay.cp // lay.tp, plan.model.hidden
+
+
 def pipeline_buffer_bytes(ctx: Context, rank: int) -> float:
     """What torch.distributed.pipelining allocates on a rank's first step and keeps: for
     every microbatch, a buffer for the hidden states each of the rank's stages receives
     (all but the first stage) and one for the gradient it receives (all but the last).
     Megatron-LM receives into a fresh tensor per microbatch instead."""
     plan, lay = ctx.plan, ctx.plan.layout
-    stages = lay.pp * lay.vp
-    held = [rank + chunk * lay.pp for chunk in range(lay.vp)]
-    receiving = sum((s > 0) + (s < stages - 1) for s in held)
-    sp = lay.tp if lay.tp > 1 else 1  # sequence parallelism cuts what a stage sends
-    hidden = plan.mbs * plan.seq_len // lay.cp // sp * plan.model.hidden
-    return receiving * ctx.microbatches * hidden * (2.0 if plan.dtype != "fp32" else 4.0)
+    last = lay.pp * lay.vp - 1
+    receiving = sum((s > 0) + (s < last) for s in rank_stages(rank, lay.pp, lay.vp))
+    mbs, seq, hidden = stage_message_shape(plan)
+    return (receiving * ctx.microbatches * mbs * seq * hidden
+            * (2.0 if plan.dtype != "fp32" else 4.0))
 
 
 def _unit_param_max(ctx: Context) -> float:
