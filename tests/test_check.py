@@ -134,6 +134,28 @@ def test_qwen3_235b_published_gb200_row_builds_with_experts_split_over_ep():
 
 
 @pytest.mark.slow
+def test_qwen3_235b_h100_layout_builds_with_ep_over_tensor_and_data_ranks():
+    """The layout of the published FP8 rows on 256 H100 (TP2 PP8 VP4, EP32 over the 2 x 16
+    tensor and data ranks of a stage, ETP 1), built in BF16 (the engine has no FP8 for
+    MoE). It was refused while EP had to divide DP. Every pipeline rank at dp = 0
+    builds; the two TP ranks of a stage are neighbours in one expert group, each with its
+    own 128/32 = 4 experts of each MoE layer, so the slice adds up to the model less
+    30/32 of the routed experts (by hand, as above), and its model state equals
+    predict's (the token-local router sharded over dp x tp)."""
+    from trainbench.check.build import check_ranks
+    from trainbench.check.cli import built_model_state, predicted_for_rank
+    plan = build_plan("pretrain_qwen3", "235b_a22b", "bf16", 256, "h100",
+                      overrides={"tp": 2, "pp": 8, "vp": 4, "ep": 32, "mbs": 1, "gbs": 2048})
+    assert plan.layout.describe() == "TP2 PP8 CP1 DP16 EP32 VP4"
+    results = check_ranks(plan, _slice_ranks(plan))
+    experts = 94 * 128 * 3 * 4096 * 1536
+    assert _slice_total(results) == parameter_count(plan.model) - experts * 30 // 32
+    for r in results:
+        predicted = predicted_for_rank(plan, r["pp"])["model_state"]
+        assert built_model_state(r) == pytest.approx(predicted, rel=0.001)
+
+
+@pytest.mark.slow
 def test_deepseek_v3_published_gb200_row_builds_by_its_pipeline_layout():
     """The published BF16 row on 256 GB200 (TP1 PP4 VP4 EP64, without MTP) places its 61
     layers by Megatron's layout "Et*4|(tttt|)*14tL" (16 stages: 4, 14 x 4, 1), which the

@@ -1,4 +1,4 @@
-"""Expert parallelism (issue 20 item 2): the routed experts split over ep data ranks,
+"""Expert parallelism (issue 20 item 2): the routed experts split over ep ranks,
 tokens dispatched and combined with all_to_all_single, trained by real gloo ranks
 through the CLI and compared with one process; with tensor, pipeline and context
 parallelism too.
@@ -34,8 +34,12 @@ PP_NORM_RTOL = 1e-6
 
 
 def test_bad_expert_parallel_layouts_are_refused():
-    with pytest.raises(PlanError, match="ep=4 does not divide dp=2"):
+    with pytest.raises(PlanError, match="ep=4 does not divide tp x cp x dp = 1 x 1 x 2 = 2, "
+                                        "the ranks of a pipeline stage"):
         build_plan("pretrain_qwen3", "tiny", "fp32", 2, "cpu", overrides={"ep": 4})
+    # EP spans the tensor and context ranks too (Megatron-Core's ETP 1 layout).
+    assert build_plan("pretrain_qwen3", "tiny", "fp32", 4, "cpu",
+                      overrides={"ep": 4, "tp": 2}).layout.describe() == "TP2 PP1 CP1 DP2 EP4"
     with pytest.raises(PlanError, match="has no experts"):
         build_plan("pretrain_llama3.1", "tiny", "fp32", 2, "cpu", overrides={"ep": 2})
     tiny_experts = build_plan("pretrain_qwen3", "tiny", "fp32", 1, "cpu").model.n_routed_experts
@@ -77,9 +81,9 @@ LAYOUTS = {
     "ep2": (2, ("--set", "ep=2"), "TP1 PP1 CP1 DP2 EP2"),
     "ep2xdp2": (4, ("--set", "ep=2"), "TP1 PP1 CP1 DP4 EP2"),
     "tp2": (2, ("--set", "tp=2"), "TP2 PP1 CP1 DP1"),
-    "ep2xtp2": (4, ("--set", "ep=2", "--set", "tp=2"), "TP2 PP1 CP1 DP2 EP2"),
+    "ep4xtp2": (4, ("--set", "ep=4", "--set", "tp=2"), "TP2 PP1 CP1 DP2 EP4"),
     "ep2xpp2": (4, ("--set", "ep=2", "--set", "pp=2"), "TP1 PP2 CP1 DP2 EP2"),
-    "cp2": (2, ("--set", "cp=2"), "TP1 PP1 CP2 DP1"),
+    "ep2xcp2": (2, ("--set", "ep=2", "--set", "cp=2"), "TP1 PP1 CP2 DP1 EP2"),
 }
 
 
@@ -89,11 +93,13 @@ LAYOUTS = {
 def test_parallel_moe_layouts_train_like_one_process(tmp_path, one_process, ep2, layout):
     """ep2: each rank holds half the experts, no FSDP over them. ep2xdp2: two expert
     groups, each expert FSDP-sharded over the 2 ranks holding it. tp2: attention split
-    by heads, sequence parallel, router and experts replicated over TP (tp.py). ep2xtp2:
-    the expert groups are the ranks of one TP index; both TP ranks dispatch the same
-    (sequence-gathered) tokens. ep2xpp2: each pipeline stage's MoE layers dispatch over
-    the stage's two data ranks. cp2: each rank holds half of every sequence; the
-    balance loss counts the experts' tokens over both halves."""
+    by heads, sequence parallel; the MoE layer token-local (tp.MoETokenLocal): each TP
+    rank routes its own sequence shard through whole experts, whose gradients FSDP
+    reduces over the TP ranks too. ep4xtp2: one expert group of all 4 ranks, 2 tensor x
+    2 data (Megatron-Core's ETP 1 layout): each rank dispatches its own tokens.
+    ep2xpp2: each pipeline stage's MoE layers dispatch over the stage's two data ranks.
+    ep2xcp2: the expert group is the 2 context ranks, each holding half of every
+    sequence; the balance loss counts the experts' tokens over both halves."""
     scale, settings, described = LAYOUTS[layout]
     exp = ep2 if layout == "ep2" else train(tmp_path, "pretrain_qwen3", scale, *settings,
                                             steps=3)
@@ -132,7 +138,7 @@ def deepseek_pp2vp2(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.dist
-@pytest.mark.parametrize("layout", ["pp2vp2", "cp2", "ep2", "pp2split"])
+@pytest.mark.parametrize("layout", ["pp2vp2", "cp2", "ep2", "ep2xtp2", "pp2split"])
 def test_deepseek_v3_layouts_train_like_one_process(tmp_path, deepseek_one_process,
                                                     deepseek_pp2vp2, layout):
     """DeepSeek-V3's selection bias moves once per step, by the load of the whole step
@@ -143,8 +149,10 @@ def test_deepseek_v3_layouts_train_like_one_process(tmp_path, deepseek_one_proce
     by 1.3e-5 before pp.py kept the MoE state through it). cp2: the sequence-wise
     balance loss's counts are summed over the context ranks (without that, the step-2
     norm moved by 5.4e-5), and MLA's keys and values, of different widths, are gathered
-    separately. pp2split: Megatron's layout language places the 4 layers 1 + 3 (an even
-    split would be 2 + 2), as DeepSeek-V3's published rows place their 61."""
+    separately. ep2xtp2: EP over the two TP ranks, each routing its own sequence shard:
+    the load and the balance counts are summed over TP too, and MLA runs split by heads.
+    pp2split: Megatron's layout language places the 4 layers 1 + 3 (an even split
+    would be 2 + 2), as DeepSeek-V3's published rows place their 61."""
     if layout == "pp2vp2":
         exp = deepseek_pp2vp2
     elif layout == "pp2split":
@@ -153,6 +161,8 @@ def test_deepseek_v3_layouts_train_like_one_process(tmp_path, deepseek_one_proce
         info = json.loads((exp / "run.json").read_text())
         assert info["parallel"]["stage_layers"] == [[0], [1, 2, 3]]
         assert info["parallel"]["pp_split"] == "Et|tttL"
+    elif layout == "ep2xtp2":
+        exp = train(tmp_path, "pretrain_deepseek_v3", 2, "--set", "ep=2 tp=2", steps=3)
     else:
         exp = train(tmp_path, "pretrain_deepseek_v3", 2, "--set", layout.replace("2", "=2"),
                     steps=3)

@@ -437,7 +437,7 @@ def test_tiny_model_trains_to_a_falling_loss(spec):
 
 
 def test_expert_parallel_and_unsupported_layouts_are_refused():
-    with pytest.raises(PlanError, match="ep=2 does not divide dp=1"):
+    with pytest.raises(PlanError, match="ep=2 does not divide tp x cp x dp = 1 x 1 x 1 = 1"):
         build_plan("pretrain_qwen3", "tiny", "fp32", 2, "cpu", overrides={"ep": 2, "dp": 1,
                                                                           "pp": 2})
     with pytest.raises(PlanError, match="FP8 for MoE needs torchao's float8 grouped GEMM"):

@@ -44,7 +44,8 @@ class Layout:
     cp: int = 1
     """Context parallel degree (sequence split across ranks)."""
     ep: int = 1
-    """Expert parallel degree: ranks borrowed from dp that split the routed experts."""
+    """Expert parallel degree: neighbouring ranks of a stage (tp fastest, then cp, dp) that
+    split the routed experts."""
     dp: int = 1
     """Data parallel degree (FSDP2 shards parameters over it)."""
     vp: int = 1
@@ -62,7 +63,7 @@ class Layout:
     def describe(self) -> str:
         text = f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}"
         if self.ep > 1:
-            text += f" EP{self.ep}"  # within DP: it borrows data-parallel ranks
+            text += f" EP{self.ep}"  # not a factor of the world: it spans tp x cp x dp
         if self.vp > 1:
             text += f" VP{self.vp}"
         if self.dp_shard and self.dp_shard != self.dp:
@@ -521,14 +522,16 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
             p.append(f"{plan.workload} has Mamba layers, which have no context parallelism; "
                      "use cp=1")
     if lay.ep > 1:
-        # EP borrows data-parallel ranks (torchtitan's composition): each group of ep
-        # data ranks splits the routed experts among themselves.
+        # EP spans a stage's tensor, context and data ranks (Megatron-Core's ETP 1
+        # layout): each group of ep of them splits the routed experts among themselves.
+        stage_ranks = lay.tp * lay.cp * lay.dp
         if not m.is_moe:
             p.append(f"{plan.workload} has no experts; expert parallelism (ep={lay.ep}) "
                      "applies to MoE workloads only; use ep=1")
-        elif lay.dp % lay.ep:
-            p.append(f"ep={lay.ep} does not divide dp={lay.dp}: expert parallelism borrows "
-                     "data-parallel ranks; use an ep that divides dp")
+        elif stage_ranks % lay.ep:
+            p.append(f"ep={lay.ep} does not divide tp x cp x dp = {lay.tp} x {lay.cp} x "
+                     f"{lay.dp} = {stage_ranks}, the ranks of a pipeline stage that expert "
+                     f"parallelism spans; use an ep that divides {stage_ranks}")
         elif m.n_routed_experts % lay.ep:
             p.append(f"{m.n_routed_experts} routed experts do not split over ep={lay.ep}; "
                      "use an ep that divides the expert count")

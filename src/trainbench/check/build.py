@@ -25,17 +25,18 @@ from ..plan import Plan
 _COMPUTE_BYTES = {"bf16": 2, "fp8": 2, "fp32": 4}
 
 
-def _tp_local_numel(param: torch.Tensor, tp_coordinate: int) -> tuple[int, bool]:
-    """Elements of `param` this rank's tensor-parallel shard holds before FSDP shards it
-    over dp x cp, and whether the parameter is replicated (not sharded) over tp.
+def _tp_local_numel(param: torch.Tensor, tp_coordinate: int, tp: int) -> tuple[int, bool]:
+    """Elements of `param` this rank's tensor-parallel shard holds before FSDP shards it,
+    and whether the parameter is replicated (the same) over the `tp` ranks.
 
     Routed experts are sharded over ep instead (whole experts, an equal share per rank,
-    engine/parallel/ep.py): this rank holds 1/ep of them, replicated over tp."""
+    engine/parallel/ep.py): this rank holds 1/ep of them, and EP spans the TP ranks
+    first (engine/parallel/mesh.py), so under TP each TP rank holds its own."""
     shape = list(param.shape)
     mesh = getattr(param, "device_mesh", None)
     names = mesh.mesh_dim_names if mesh is not None else None
     if names and "ep" in names and param.placements[names.index("ep")].is_shard():
-        return math.prod(shape) // mesh.size(names.index("ep")), True
+        return math.prod(shape) // mesh.size(names.index("ep")), tp == 1
     if not names or "tp" not in names:
         return math.prod(shape), True
     placement = param.placements[names.index("tp")]
@@ -68,7 +69,7 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
             held = param.to_local() if hasattr(param, "to_local") else param
             local += held.numel()
             param_bytes += held.numel() * held.element_size()
-            n, replicated = _tp_local_numel(param, tp_coordinate)
+            n, replicated = _tp_local_numel(param, tp_coordinate, plan.layout.tp)
             tp_local += n
             tp_replicated += n if replicated else 0
             unsharded += param.numel()

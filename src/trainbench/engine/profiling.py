@@ -55,10 +55,16 @@ def process_group_labels(dims) -> tuple[dict[str, str], dict[str, int]]:
         add("dp" if getattr(dims, "cp", 1) == 1 else "dp_cp", flat.get_group(), flat.size())
     except (KeyError, RuntimeError, ValueError):
         pass
+    if getattr(dims, "tp_enabled", False):
+        # An MoE layer under TP is FSDP-sharded over the data, context and tensor ranks
+        # (engine/parallel/tp.py MoETokenLocal); a group named above keeps its name.
+        group = dims["dp_cp_tp"].get_group()
+        if group.group_name not in names:
+            add("dp_cp_tp", group, dims["dp_cp_tp"].size())
     if getattr(dims, "ep_enabled", False):
         # Expert parallelism's own groups: the token all-to-all (ep) and the experts'
-        # FSDP (dp_mod_ep). When ep = dp the ep group is the dp group (the mesh reuses
-        # one process group for the same ranks): labelled "dp/ep".
+        # FSDP (dp_mod_ep). Where one of them holds the same ranks as a group above
+        # (ep = dp, or ep = tp), the mesh reuses that process group: labelled "dp/ep".
         for dim in ("ep", "dp_mod_ep"):
             group = dims[dim].get_group()
             prior = names.get(group.group_name)

@@ -116,12 +116,10 @@ class Groups:
 
 def groups_for(tp: int, cp: int, dp: int, pp: int, dp_shard: int = 0, ep: int = 1) -> Groups:
     shard = dp_shard if dp_shard and dp_shard < dp else dp
-    # EP within DP (trainbench's engine, torchtitan) strides over the data ranks; an EP
-    # larger than DP is Megatron-Core's expert layout with ETP 1, where the expert ranks
-    # run tp fastest, so the group is contiguous.
-    ep_group = Group(ep, tp * cp) if ep <= dp and dp % ep == 0 else Group(ep, 1)
+    # Megatron-Core's expert layout with ETP 1 (the published recipes, and trainbench's
+    # engine): the expert ranks run tp fastest, so an EP group is ep neighbouring ranks.
     return Groups(
-        ep=ep_group,
+        ep=Group(ep, 1),
         tp=Group(tp, 1),
         cp=Group(cp, tp),
         dp=Group(dp, tp * cp),

@@ -180,13 +180,14 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
                      for k, n in kinds.items())
     mixed = plan.dtype != "fp32"
     opt_shards = lay.dp * lay.cp
-    # Routed experts are already split over EP; what is left of the data ranks (expert data
-    # parallelism) shards them: dp*cp/ep where EP sits inside DP (the engine, torchtitan),
-    # tp*dp*cp/ep for Megatron-Core's ETP 1 layout where EP spans TP x DP.
+    # Routed experts are already split over EP, which spans a stage's tp x cp x dp ranks
+    # (Megatron-Core's ETP 1 layout, and the engine's); the rest of those ranks (expert
+    # data parallelism) shard them. The engine's token-local MoE parameters (router,
+    # shared expert) are whole on every TP rank and sharded over the TP ranks too.
     expert = sum(ctx.work[k].expert_params * n for k, n in kinds.items())
-    dense = params - expert
-    ranks = lay.dp * lay.cp * (lay.tp if lay.ep > lay.dp else 1)
-    expert_shards = max(1, ranks // lay.ep)
+    local = sum(ctx.work[k].token_local_params * n for k, n in kinds.items())
+    dense = params - expert - local
+    expert_shards = max(1, lay.dp * lay.cp * lay.tp // lay.ep)
     if ctx.sharding == DISTRIBUTED_OPTIMIZER:
         weights = (2.0 if mixed else 4.0) * params
         weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
@@ -195,10 +196,13 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
         transient = 0.0
     else:
         shard = ctx.groups.fsdp.size
-        eshard = max(1, shard // lay.ep) if expert else 1
-        weights = 4.0 * (dense / shard + expert / eshard)
-        grads = 4.0 * (dense / shard + expert / eshard)
-        optimizer = 8.0 * (dense / shard + expert / eshard)
+        # The engine shards an MoE layer under TP over the TP ranks too (token-local).
+        moe_tp = lay.tp if ctx.requested_sharding == ENGINE and plan.model.is_moe else 1
+        eshard = max(1, shard * moe_tp // lay.ep) if expert else 1
+        state = dense / shard + expert / eshard + local / (shard * moe_tp)
+        weights = 4.0 * state
+        grads = 4.0 * state
+        optimizer = 8.0 * state
         unit = _unit_param_max(ctx)
         # Two gathered units alive (the running one and the prefetched one) and one unit's
         # unsharded fp32 gradients before they are reduce-scattered (FSDP2 / ZeRO-3).

@@ -1,10 +1,9 @@
 """Plans for published layouts that trainbench's engine cannot run yet, so `predict`
 can compare itself with them.
 
-NVIDIA's MoE rows (catalog.heldout.HELD_OUT_MOE) run pipeline parallelism, FP8 and an EP
-larger than DP (Megatron-Core's expert layout with ETP 1: the experts of a pipeline
-stage spread over its TP x DP ranks), which plan validation refuses for the MoE models
-because the engine has no such path. Predicting such a layout needs only its arithmetic
+NVIDIA's MoE rows (catalog.heldout.HELD_OUT_MOE) run FP8 (and layouts of sizes and
+GPUs with no recipe row), which plan validation refuses for the MoE models because the
+engine has no such path. Predicting such a layout needs only its arithmetic
 to hold: the plan is built with a layout validation accepts and then given the published
 one, after the checks that matter to the model here. Pure Python.
 """

@@ -74,6 +74,10 @@ class LayerWork:
     expert_params: float = 0.0
     """The routed experts' share of `params` (this GPU's E/ep experts): their gradients and
     optimizer state are sharded over the expert-data-parallel ranks only."""
+    token_local_params: float = 0.0
+    """The share of `params` that the engine keeps whole on every TP rank of an MoE layer
+    (router and shared expert: each TP rank runs its own tokens through them,
+    engine/parallel/tp.py MoETokenLocal) and FSDP shards over the TP ranks too."""
 
     @property
     def gemm_flops(self) -> float:
@@ -95,8 +99,8 @@ class Shape:
     """trainbench's engine rather than the recipe's Megatron-LM, where they differ: under
     sequence parallelism (DTensor) a column-parallel linear keeps its all-gathered,
     whole-sequence input for the backward (Megatron keeps the shard and gathers it
-    again); an MoE layer gathers the sequence and computes every token on each TP rank
-    (Megatron routes each rank's tokens/tp); the all-gather CP keeps the whole sequence's
+    again); an MoE layer's shared expert runs whole on each TP rank's tokens/tp
+    (Megatron splits it over TP on the gathered sequence); the all-gather CP keeps the whole sequence's
     keys and values; torchao's float8 linear keeps its bf16 input; and the loss is cut
     into chunks (logits_bytes)."""
 
@@ -217,33 +221,40 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
                          input_bytes=input_bytes, params=params,
                          tp_gather_bytes=(gather,) if t > 1 else ())
     if kind == "moe":
-        # Sequence parallelism hands Megatron's MoE layer tokens/tp per rank (the engine
-        # gathers the whole sequence: Shape.engine); with ETP 1 (the published recipes,
-        # and trainbench's engine) experts are whole on each rank and the routed rows go
-        # to the EP rank holding their expert: under balanced routing each rank computes
-        # its tokens x top_k rows over its E/ep local experts.
+        # Sequence parallelism hands the MoE layer tokens/tp per rank (Megatron-Core's, and
+        # the engine's token-local layer); with ETP 1 (the published recipes, and
+        # trainbench's engine) experts are whole on each rank and the routed rows go to the
+        # EP rank holding their expert: under balanced routing each rank computes its
+        # tokens x top_k rows over its E/ep local experts. The shared expert: Megatron
+        # splits it over TP on the gathered sequence, the engine runs it whole on the
+        # rank's tokens (the same FLOPs, rows and activations).
         f, E, ep = m.moe_ffn, m.n_routed_experts, max(sh.ep, 1)
-        mine = gathered
+        mine = tok / t
         rows = mine * m.top_k
         per_expert = max(1, round(rows * ep / E))
         lins = [Linear("router", int(mine), h, E, False),
                 Linear("experts_up", int(rows), h, 2 * f, sh.fp8, group_m=per_expert),
                 Linear("experts_down", int(rows), f, h, sh.fp8, group_m=per_expert)]
+        fs = f * m.n_shared_experts
+        shared_split = 1 if sh.engine else t
         if m.n_shared_experts:
-            fs = f * m.n_shared_experts
-            lins += [Linear("shared_up", tok, h, 2 * fs // t, sh.fp8),
-                     Linear("shared_down", tok, fs // t, h, sh.fp8)]
+            shared_tok = int(mine) if sh.engine else tok
+            lins += [Linear("shared_up", shared_tok, h, 2 * fs // shared_split, sh.fp8),
+                     Linear("shared_down", shared_tok, fs // shared_split, h, sh.fp8)]
         # The permuted copy of each row per expert, gathered and scattered back forward and
         # backward, plus SwiGLU's traffic as in 'mlp' (routed and shared rows; the shared
-        # expert is split over TP: its whole-sequence rows are 1/tp as wide).
+        # expert's rows count tokens/tp at its whole width).
         shared_rows = tok / t * m.n_shared_experts
         hbm = (norm_residual + 8.0 * f * (rows + shared_rows) + 4.0 * h * rows) * b
         kept = ((2.0 * b + gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
-        params = (h * E + (E // ep) * 3 * h * f + m.n_shared_experts * 3 * h * f / t + h)
-        return LayerWork(kind, tuple(lins), hbm_bytes=hbm, act_bytes=norm_saved + kept,
+        # The norm's input and output stay on the rank's tokens: nothing gathers them.
+        moe_norm_saved = h * tok / t * (b + gb)
+        local = h * E + 3 * h * fs if sh.engine and t > 1 else 0.0
+        params = (h * E + (E // ep) * 3 * h * f + 3 * h * fs / shared_split + h)
+        return LayerWork(kind, tuple(lins), hbm_bytes=hbm, act_bytes=moe_norm_saved + kept,
                          input_bytes=input_bytes, params=params,
                          ep_a2a_bytes=moe_all_to_all_bytes(mine, m.top_k, h, b, ep),
-                         expert_params=(E // ep) * 3 * h * f)
+                         expert_params=(E // ep) * 3 * h * f, token_local_params=local)
     if kind == "mamba":
         lins = mamba_linears(m, sh)
         d_inner, gn, H = m.mamba_d_inner / t, m.mamba_groups * m.mamba_state / t, m.mamba_heads / t

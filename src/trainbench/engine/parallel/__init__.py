@@ -124,9 +124,8 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     if dims.ep_enabled:
         from .ep import apply_expert_parallel
         apply_expert_parallel(model, dims["ep"])
-    if dims.dp * dims.cp > 1:
-        from .ep import share_expert_load
-        share_expert_load(model, dims["dp_cp"].get_group())
+    if plan.model.is_moe:
+        share_moe_statistics(model, dims)
     if plan.recompute != "full":
         keep_only_inputs_of_cheap_ops(model)
     apply_activation_checkpointing(model, plan.recompute)
@@ -139,10 +138,35 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     # every multi-rank layout runs the same mixed-precision code path.
     apply_fsdp(model, dims["dp_cp"], compute_dtype,
                reshard_after_forward=not dims.pp_enabled,
-               expert_dp=dims["dp_mod_ep"] if dims.ep_enabled else None,
+               moe_meshes=moe_fsdp_meshes(dims) if plan.model.is_moe else None,
                prefetch=plan.fsdp_prefetch,
                reduce_dtype=torch.bfloat16 if plan.reduce_dtype == "bf16" else torch.float32)
     return model
+
+
+def share_moe_statistics(model: nn.Module, dims: ParallelDims) -> None:
+    """The MoE layers' balance-loss counts summed over the ranks that hold parts of one
+    sequence, and DeepSeek-V3's expert load over every rank that routes other tokens.
+    Under TP the layer is token-local (tp.MoETokenLocal): its TP ranks are both."""
+    from .ep import share_expert_load, share_sequence_counts
+    parts = (dims["cp_tp"] if dims.cp_enabled and dims.tp_enabled
+             else dims["cp"] if dims.cp_enabled else dims["tp"] if dims.tp_enabled else None)
+    if parts is not None:
+        share_sequence_counts(model, parts.get_group())
+    routing = dims["dp_cp_tp"] if dims.tp_enabled else dims["dp_cp"]
+    if routing.size() > 1:
+        share_expert_load(model, routing.get_group())
+
+
+def moe_fsdp_meshes(dims: ParallelDims) -> tuple[DeviceMesh, DeviceMesh] | None:
+    """(router and shared expert, routed experts) FSDP meshes of an MoE layer, or None
+    where it is sharded with its block: under TP its parameters are token-local, so
+    shared over the tensor ranks too; under EP the routed experts over the ranks that
+    hold the same ones (ep.py)."""
+    if not (dims.ep_enabled or dims.tp_enabled):
+        return None
+    dense = dims["dp_cp_tp"] if dims.tp_enabled else dims["dp_cp"]
+    return dense, dims["dp_mod_ep"] if dims.ep_enabled else dense
 
 
 def enable_async_tp(tp_mesh: DeviceMesh) -> None:

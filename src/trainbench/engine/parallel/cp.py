@@ -169,11 +169,6 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "a
             scale = getattr(module, "softmax_scale", None)
             module.attend = (_ring_attend(cp_mesh, scale) if impl == "ring"
                              else _bound_attend(group, scale))
-    # The MoE balance losses count each expert's tokens over whole sequences, which the
-    # cp ranks hold in parts (engine/models/moe.py, `MoE.sequence_counts`).
-    from ..models.moe import moe_layers
-    for moe in moe_layers(model):
-        moe.sequence_counts = _summed_over(group)
 
 
 def _ring_attend(cp_mesh: DeviceMesh, scale: float | None = None):
@@ -201,11 +196,3 @@ def _bound_attend(group: dist.ProcessGroup, scale: float | None = None):
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return context_parallel_attention(q, k, v, group, scale)
     return attend
-
-
-def _summed_over(group: dist.ProcessGroup):
-    def sequence_counts(counts: torch.Tensor) -> torch.Tensor:
-        total = counts.clone()  # counts carry no gradient: a plain all-reduce
-        dist.all_reduce(total, group=group)
-        return total
-    return sequence_counts

@@ -1,24 +1,27 @@
 """Expert parallelism: each of the `ep` ranks of an expert group holds E/ep routed experts.
 
-EP borrows its ranks from data parallelism (torchtitan's composition): the dp ranks are
-split into dp/ep groups of ep neighbours. Every rank routes its own tokens, sends each
+EP spans a stage's tensor, context and data ranks, in that order (Megatron-Core's layout
+with expert tensor parallelism 1; mesh.py): an expert group is ep neighbouring ranks. Every
+rank routes its own tokens (under TP its sequence shard: tp.MoETokenLocal), sends each
 token slot to the rank that holds its expert (`all_to_all_single`, dropless: the split
 sizes are exchanged first, then the rows), computes its local experts with the same
 grouped path as one process, and sends the results back (the reverse all-to-all). The
 autograd Function below runs the reverse exchange in backward, so gradients follow
 the tokens home.
 
-Parameters: the router, attention and shared expert stay FSDP-sharded over all of dp as
-without EP. The routed experts are DTensors sharded on dim 0 over `ep`, then
-FSDP-sharded over the remaining dp/ep ranks (`dp_mod_ep`, a one-rank mesh when ep = dp).
-Their gradient on a rank already sums the contributions of the ep ranks whose tokens it
-served, and FSDP's reduce-scatter over dp_mod_ep divides by dp/ep only: the expert
-weights' gradient is scaled by 1/ep on its way in (`_ScaleGrad`), which makes it the
-same mean over dp as every other parameter's. (FSDP's own divide factor would do the
-same but needs ReduceOp.PREMUL_SUM, which gloo lacks.)
+Parameters: the router and shared expert are FSDP-sharded over the data and context
+ranks (and the tensor ranks under TP, where they are token-local). The routed experts
+are DTensors sharded on dim 0 over `ep`, then FSDP-sharded over the ranks that hold the
+same experts (`dp_mod_ep`, dp*cp*tp/ep of them). Their gradient on a rank already sums
+the contributions of the ep ranks whose tokens it served, and FSDP's reduce-scatter over
+dp_mod_ep divides by dp*cp*tp/ep only: the expert weights' gradient is scaled by 1/ep on
+its way in (`_ScaleGrad`); with TP's factor tp on the layer's output gradient
+(tp.MoETokenLocal) that makes it the same mean over dp x cp as every other parameter's.
+(FSDP's own divide factor would do the same but needs ReduceOp.PREMUL_SUM, which gloo
+lacks.)
 
-The model code only offers the hook: `MoE.compute_experts(rows, counts)`, replaced here
-per layer, as context parallelism replaces `attend`.
+The model code only offers the hooks: `MoE.compute_experts(rows, counts)`, replaced here
+per layer, as context parallelism replaces `attend`, and `MoE.sequence_counts`.
 """
 
 from __future__ import annotations
@@ -130,11 +133,26 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
         moe.compute_experts = _ep_compute(moe, group, ep)
 
 
+def share_sequence_counts(model: nn.Module, group) -> None:
+    """The MoE balance losses count each expert's tokens over whole sequences, which the
+    ranks of `group` (context ranks, and tensor ranks where the layer is token-local)
+    hold in parts: each rank's counts are summed over them (`MoE.sequence_counts`)."""
+    from trainbench.engine.models.moe import moe_layers
+
+    def sequence_counts(counts: torch.Tensor) -> torch.Tensor:
+        total = counts.clone()  # counts carry no gradient: a plain all-reduce
+        dist.all_reduce(total, group=group)
+        return total
+    for moe in moe_layers(model):
+        moe.sequence_counts = sequence_counts
+
+
 def share_expert_load(model: nn.Module, group) -> None:
-    """Sum the expert load that moves DeepSeek-V3's selection bias over `group` (the data
-    and context ranks) before each update: every rank then moves its bias by the load
-    of the whole batch, so the ranks keep one bias, as one process would, instead of
-    each drifting with its own tokens."""
+    """Sum the expert load that moves DeepSeek-V3's selection bias over `group` (every rank
+    that routes different tokens: data, context, and token-local tensor ranks) before
+    each update: every rank then moves its bias by the load of the whole batch, so the
+    ranks keep one bias, as one process would, instead of each drifting with its own
+    tokens."""
     from trainbench.engine.models.moe import moe_layers
     for moe in moe_layers(model):
         if moe.spec.bias_update_speed:
@@ -151,17 +169,18 @@ def _global_load_update(moe: nn.Module, group):
     return update_bias
 
 
-def fully_shard_experts(model: nn.Module, dp_mesh, expert_dp_mesh, policy,
+def fully_shard_experts(model: nn.Module, dense_mesh, expert_dp_mesh, policy,
                         reshard_after_forward: bool) -> None:
     """FSDP units for the MoE layers, before their blocks': the router and shared expert
-    on the full dp mesh, the routed experts (already ep-sharded) on dp_mod_ep."""
+    on `dense_mesh` (the data and context ranks, and the tensor ranks under TP), the
+    routed experts (ep-sharded where EP is on) on `expert_dp_mesh`."""
     from torch.distributed.fsdp import fully_shard
 
     from trainbench.engine.models.moe import moe_layers
     for moe in moe_layers(model):
         for sub in (moe.router, moe.shared):
             if sub is not None:
-                fully_shard(sub, mesh=dp_mesh, mp_policy=policy,
+                fully_shard(sub, mesh=dense_mesh, mp_policy=policy,
                             reshard_after_forward=reshard_after_forward)
         fully_shard(moe, mesh=expert_dp_mesh, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward)

@@ -22,7 +22,8 @@ def fp32_units(module: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
-               reshard_after_forward: bool = True, expert_dp: DeviceMesh | None = None,
+               reshard_after_forward: bool = True,
+               moe_meshes: tuple[DeviceMesh, DeviceMesh] | None = None,
                prefetch: bool = True, reduce_dtype: torch.dtype = torch.float32
                ) -> nn.Module:
     """Shard `model` and record what was set in `model.fsdp_settings` (for run.json)."""
@@ -38,9 +39,9 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
     if layers is not None:
         blocks = list(layers.values())
         for index, block in enumerate(blocks):
-            if expert_dp is not None:  # the dp_mod_ep mesh: see ep.py
+            if moe_meshes is not None:  # see parallelize.moe_fsdp_meshes and ep.py
                 from .ep import fully_shard_experts
-                fully_shard_experts(block, mesh, expert_dp, policy, reshard_after_forward)
+                fully_shard_experts(block, *moe_meshes, policy, reshard_after_forward)
             # The last block's backward starts right after its forward (only the head and
             # loss come between): resharding it would cost an all-gather for nothing.
             # `prefetch=False` keeps FSDP2's defaults throughout (the engine before).

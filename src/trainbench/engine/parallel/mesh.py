@@ -30,8 +30,9 @@ class ParallelDims:
         product = self.pp * self.dp * self.cp * self.tp
         if product != self.world_size:
             raise ValueError(f"PP*DP*CP*TP = {product} but the world has {self.world_size} ranks")
-        if self.dp % self.ep:
-            raise ValueError(f"EP={self.ep} must divide DP={self.dp}: EP borrows data ranks")
+        if (self.dp * self.cp * self.tp) % self.ep:
+            raise ValueError(f"EP={self.ep} must divide DP*CP*TP={self.dp * self.cp * self.tp}: "
+                             "EP spans the tensor, context and data ranks of a stage")
         self.mesh: DeviceMesh | None = None
 
     @classmethod
@@ -46,17 +47,25 @@ class ParallelDims:
         # same weights and different tokens.
         self.dp_cp_mesh = self.mesh["dp", "cp"]._flatten(mesh_dim_name="dp_cp")
         # A parameter under FSDP and TP lives on (dp_cp, tp); with this flattened twin
-        # DTensor reduces it (the gradient norm) in one collective instead of two.
-        self.mesh["dp", "cp", "tp"]._flatten(mesh_dim_name="dp_cp_tp")
+        # DTensor reduces it (the gradient norm) in one collective instead of two. An
+        # MoE layer under TP is token-local (tp.MoETokenLocal): FSDP shards its
+        # parameters over these ranks.
+        self.dp_cp_tp_mesh = self.mesh["dp", "cp", "tp"]._flatten(mesh_dim_name="dp_cp_tp")
+        # The ranks that hold parts of one sequence in an MoE layer (its balance losses
+        # count experts over whole sequences).
+        self.cp_tp_mesh = (self.mesh["cp", "tp"]._flatten(mesh_dim_name="cp_tp")
+                           if self.cp > 1 and self.tp > 1 else None)
         self.ep_mesh = None
         if self.ep_enabled:
-            # The same ranks with dp split into (dp/ep, ep), ep fastest: an expert group is
-            # ep neighbouring data ranks; the routed experts are FSDP-sharded over the
-            # dp/ep ranks that hold the same experts. Both dims of one root mesh, as FSDP
-            # wants for a parameter that is also a DTensor over another dim.
+            # Megatron-Core's expert layout with ETP 1: a stage's tensor, context and data
+            # ranks in that order (tp fastest, as in the dense mesh) split into expert
+            # groups of ep neighbours, so EP spans TP first, then CP, then DP. The routed
+            # experts are FSDP-sharded over the ranks that hold the same experts
+            # (dp_mod_ep). Both dims of one root mesh, as FSDP wants for a parameter that
+            # is also a DTensor over another dim.
             self.ep_mesh = init_device_mesh(
-                device_type, (self.pp, self.dp // self.ep, self.ep, self.cp, self.tp),
-                mesh_dim_names=("pp", "dp_mod_ep", "ep", "cp", "tp"))
+                device_type, (self.pp, self.dp * self.cp * self.tp // self.ep, self.ep),
+                mesh_dim_names=("pp", "dp_mod_ep", "ep"))
         return self.mesh
 
     def __getitem__(self, name: str) -> DeviceMesh:
@@ -64,6 +73,10 @@ class ParallelDims:
             raise RuntimeError("build_mesh() first")
         if name == "dp_cp":
             return self.dp_cp_mesh
+        if name == "dp_cp_tp":
+            return self.dp_cp_tp_mesh
+        if name == "cp_tp":
+            return self.cp_tp_mesh
         if name in ("ep", "dp_mod_ep"):
             return self.ep_mesh[name]
         return self.mesh[name]

@@ -28,7 +28,6 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -178,41 +177,59 @@ def nemotronh_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, Para
     return styles
 
 
-class _MoEInputOutput(PrepareModuleInputOutput):
-    """Sequence shard -> whole sequence in, whole sequence -> sequence shard out."""
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `scale`."""
 
-    def __init__(self):
-        super().__init__(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                         use_local_input=True, output_layouts=(Replicate(),),
-                         desired_output_layouts=(Shard(1),), use_local_output=True)
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+class MoETokenLocal(ParallelStyle):
+    """A mixture of experts under TP (Megatron-Core's ETP 1 layout): each TP rank routes
+    and computes only its own sequence shard, with whole experts.
+
+    The layer takes the shard of the residual stream as a plain tensor and gives its
+    output back as one: the router, the routed experts and the shared expert are not
+    split, and no rank computes another's tokens (expert parallelism, which may span
+    the TP ranks, sends each token slot to its expert's rank). Their parameters are
+    then replicated over TP, and each TP rank's gradient holds its own tokens' part
+    only: FSDP reduces them over the data, context and tensor ranks together
+    (engine/parallel/ep.py), a mean over dp x cp x tp where the whole gradient is the
+    sum over tp and the mean over dp x cp. The layer's output gradient is therefore
+    multiplied by tp on the way in, and its input gradient by 1/tp on the way out,
+    which leaves the gradient that flows on through the block as it was. The balance
+    loss's gradient enters in between, unscaled: the whole sequence's balance loss is
+    the mean of the TP ranks' (each takes the whole sequence's expert counts,
+    `MoE.sequence_counts`, with its own tokens' router probabilities), and 1/tp of
+    the tp-scaled sum is that mean.
+    """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        # The shard out is a slice (a view) of the whole output; FSDP, which wraps the
-        # layer under expert parallelism, warns at every forward on a view output. A
-        # copy of [b, s/tp, hidden] silences that for good.
-        return _copy_output(super()._apply(module, device_mesh))
+        from torch.distributed.tensor import DTensor
+        tp = device_mesh.size()
+
+        def local_in(mod, args):
+            x = args[0].to_local() if isinstance(args[0], DTensor) else args[0]
+            return (_ScaleGrad.apply(x, 1.0 / tp),) + tuple(args[1:])
+
+        def scaled_out(mod, args, out):
+            return _ScaleGrad.apply(out, float(tp))
+
+        module.register_forward_pre_hook(local_in)
+        module.register_forward_hook(scaled_out)
+        module.tp_token_local = tp
+        return module
 
 
 def _moe_styles(prefix: str) -> dict[str, ParallelStyle]:
-    """A mixture of experts under TP: the router and the routed experts replicated, the
-    shared expert split like a dense MLP.
-
-    The layer gathers the sequence and every TP rank routes and computes all of its
-    tokens' experts (the simplest correct composition: no expert is split inside, so
-    the grouped expert GEMMs and expert parallelism's dispatch run unchanged, and every
-    TP rank of an expert group sends the same tokens). The result goes back to a
-    sequence shard by a local slice; in backward that slice becomes an all-gather of
-    the output gradient, so every TP rank back-propagates the same full gradient and the
-    replicated router and experts get identical gradients on every TP rank, with
-    nothing to reduce. The shared expert's down projection all-reduces its partial sums
-    (output Replicate) before they join the routed output.
-    """
-    return {
-        prefix: _MoEInputOutput(),
-        f"{prefix}.shared.w1": ColwiseParallel(),
-        f"{prefix}.shared.w3": ColwiseParallel(),
-        f"{prefix}.shared.w2": RowwiseParallel(output_layouts=Replicate()),
-    }
+    """A mixture of experts under TP: token-local (MoETokenLocal), nothing inside split."""
+    return {prefix: MoETokenLocal()}
 
 
 QWEN3_MOE_PLAN: dict[str, ParallelStyle] = {
