@@ -64,7 +64,7 @@ def _mlp_styles(prefix: str) -> dict[str, ParallelStyle]:
 
 
 def _copy_output(module: nn.Module) -> nn.Module:
-    """Hand on a copy of the module's output (see the two styles below for why)."""
+    """Hand on a copy of the module's output (see _EmbeddingParallel for why)."""
     module.register_forward_hook(lambda mod, args, out: out.clone())
     return module
 
@@ -178,16 +178,16 @@ def nemotronh_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, Para
 
 
 class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient by `scale`."""
+    """Identity forward (a copy with `copy`); backward multiplies the gradient by `scale`."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, scale: float, copy: bool) -> torch.Tensor:
         ctx.scale = scale
-        return x.view_as(x)
+        return x.clone() if copy else x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad * ctx.scale, None
+        return grad * ctx.scale, None, None
 
 
 class MoETokenLocal(ParallelStyle):
@@ -216,10 +216,11 @@ class MoETokenLocal(ParallelStyle):
 
         def local_in(mod, args):
             x = args[0].to_local() if isinstance(args[0], DTensor) else args[0]
-            return (_ScaleGrad.apply(x, 1.0 / tp),) + tuple(args[1:])
+            return (_ScaleGrad.apply(x, 1.0 / tp, False),) + tuple(args[1:])
 
         def scaled_out(mod, args, out):
-            return _ScaleGrad.apply(out, float(tp))
+            # A copy: FSDP, which wraps the layer, warns at every forward on a view output.
+            return _ScaleGrad.apply(out, float(tp), True)
 
         module.register_forward_pre_hook(local_in)
         module.register_forward_hook(scaled_out)
