@@ -143,25 +143,38 @@ def _grouped_mm_available(x: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
+def _low_precision(w: torch.Tensor) -> bool:
+    """A weight that torchao's MX training wraps (engine/parallel/float8.py): its grouped
+    GEMM quantises both operands, on any device (emulated off Blackwell)."""
+    return type(w).__name__.endswith("TrainingWeightWrapperTensor")
+
+
 def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                    w2: torch.Tensor, grouped_mm: bool | None = None) -> torch.Tensor:
     """SwiGLU of rows x [N, d] sorted by expert, expert e taking the next counts[e] rows:
-    (silu(x W1_e) * x W3_e) W2_e with W1, W3 [E, d, f] and W2 [E, f, d].
+    (silu(x W1_e^T) * x W3_e^T) W2_e^T with W1, W3 [E, f, d] and W2 [E, d, f], each
+    expert's weight [out, in] as an nn.Linear's (and Hugging Face's) is. Passed to
+    torch._grouped_mm transposed, the weights are column-major, as its FP8 forms want.
 
-    `grouped_mm` forces one path (tests compare them); None picks by the device."""
+    `grouped_mm` forces one path (tests compare them); None picks by the device, and
+    low-precision (MXFP8) weights always take it."""
+    if x.shape[0] == 0:
+        return x.new_zeros(0, w2.shape[1])
     if grouped_mm is None:
-        grouped_mm = _grouped_mm_available(x)
+        grouped_mm = _grouped_mm_available(x) or _low_precision(w1)
     if grouped_mm:
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        gate = torch._grouped_mm(x, w1.to(x.dtype), offs=offs)
-        up = torch._grouped_mm(x, w3.to(x.dtype), offs=offs)
-        return torch._grouped_mm(F.silu(gate) * up, w2.to(x.dtype), offs=offs)
+
+        def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            w = w if _low_precision(w) else w.to(a.dtype)
+            return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+        return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
     outs = []
     # One host read of the counts per layer: the loop needs the split sizes.
     for e, rows in enumerate(x.split(counts.tolist())):
         if rows.shape[0]:
-            outs.append((F.silu(rows @ w1[e]) * (rows @ w3[e])) @ w2[e])
-    return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[-1])
+            outs.append((F.silu(rows @ w1[e].T) * (rows @ w3[e].T)) @ w2[e].T)
+    return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[1])
 
 
 # ------------------------------------------------------------------------ module
@@ -187,10 +200,10 @@ class MoE(nn.Module):
         self.n_experts, self.top_k = E, spec.top_k
         self.router = nn.Linear(h, E, bias=False)
         # Grouped expert weights: one tensor per projection, experts on dim 0, so FSDP
-        # (and later expert parallelism) shards whole experts.
-        self.w1 = nn.Parameter(torch.empty(E, h, f))  # gate
-        self.w3 = nn.Parameter(torch.empty(E, h, f))  # up
-        self.w2 = nn.Parameter(torch.empty(E, f, h))  # down
+        # and expert parallelism shard whole experts; each expert's [out, in].
+        self.w1 = nn.Parameter(torch.empty(E, f, h))  # gate
+        self.w3 = nn.Parameter(torch.empty(E, f, h))  # up
+        self.w2 = nn.Parameter(torch.empty(E, h, f))  # down
         self.shared = (MLP(h, f * spec.n_shared_experts, "swiglu")
                        if spec.n_shared_experts else None)
         # Auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias, used only to

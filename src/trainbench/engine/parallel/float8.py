@@ -76,7 +76,9 @@ def eligible(module: nn.Module, fqn: str, tp: int = 1, multiple: int = FP8_DIM_M
     """Whether a layer runs in FP8: a Linear other than the output head whose dimensions,
     after a TP split of up to `tp` ways, stay multiples of `multiple` (16; 32 for MXFP8)."""
     multiple *= tp
-    return (isinstance(module, nn.Linear) and fqn.rsplit(".", 1)[-1] != "output"
+    # The MoE router stays in high precision, as the output head does (DeepSeek-V3
+    # technical report, sec. 3.3.1: embedding, output head and MoE gating keep BF16/FP32).
+    return (isinstance(module, nn.Linear) and fqn.rsplit(".", 1)[-1] not in ("output", "router")
             and module.in_features % multiple == 0 and module.out_features % multiple == 0)
 
 
@@ -88,6 +90,8 @@ def convert(model: nn.Module, plan: Plan, backend: str) -> None:
     if plan.dtype == "mxfp8":
         chosen = [m for name, m in model.named_modules() if eligible(m, name, tp, MX_BLOCK)]
         convert_mxfp8(model, backend, lambda m, fqn: eligible(m, fqn, tp, MX_BLOCK))
+        for moe in convert_mxfp8_experts(model, backend):
+            moe.lowp_experts = True
     else:
         from torchao.float8 import convert_to_float8_training
         convert_to_float8_training(model, config=float8_config(plan, backend),
@@ -103,19 +107,50 @@ def convert_mxfp8(model: nn.Module, backend: str, module_filter) -> None:
     block scales rounded up, RCEIL) in forward and backward. Blackwell runs the real
     kernels; elsewhere (a CPU) torchao's emulation, which quantises and dequantises in
     PyTorch and multiplies in bf16: the same numbers, none of the speed."""
+    from torchao.quantization import quantize_
+    quantize_(model, mx_config(backend), filter_fn=module_filter)
+
+
+def mx_config(backend: str):
+    """One MX training config for the linears and the experts (torchao wants every wrapper
+    tensor of a model to share it). Dropless routing gives each expert any number of
+    rows, and MX scales blocks of 32 along the rows in the experts' weight gradient: the
+    groups are padded to multiples of 32 (`pad_token_groups_for_grouped_mm`; no effect
+    on a linear)."""
+    from dataclasses import replace
+
     from torchao.prototype.moe_training.config import (MXFP8TrainingOpConfig,
                                                        MXFP8TrainingRecipe)
-    from torchao.quantization import quantize_
     recipe = (MXFP8TrainingRecipe.MXFP8_RCEIL if backend == "nccl"
               else MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL)
-    quantize_(model, MXFP8TrainingOpConfig.from_recipe(recipe), filter_fn=module_filter)
+    return replace(MXFP8TrainingOpConfig.from_recipe(recipe),
+                   pad_token_groups_for_grouped_mm=True)
+
+
+def convert_mxfp8_experts(model: nn.Module, backend: str) -> list[nn.Module]:
+    """The routed experts' grouped GEMMs in MXFP8: each MoE layer's w1, w3 and w2 become
+    torchao's MX training wrappers, whose torch._grouped_mm quantises both operands
+    (engine/models/moe.py grouped_swiglu takes that path for them on any device; off
+    Blackwell it is torchao's emulation). Returns the converted MoE layers."""
+    from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+
+    from ..models.moe import moe_layers
+    config = mx_config(backend)
+    layers = moe_layers(model)
+    for moe in layers:
+        for name in ("w1", "w3", "w2"):
+            weight = getattr(moe, name)
+            setattr(moe, name, nn.Parameter(MXFP8TrainingWeightWrapperTensor(weight.data, config),
+                                            requires_grad=weight.requires_grad))
+    return layers
 
 
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
     """What ran, for run.json: the recipe, FP8 all-gather, and the layers kept in bf16."""
-    converted, kept = 0, []
+    converted, experts, kept = 0, 0, []
     for part in model_parts:
         for name, module in part.named_modules():
+            experts += bool(getattr(module, "lowp_experts", False))
             if getattr(module, "lowp_linear", False):
                 converted += 1
             elif isinstance(module, nn.Linear):
@@ -124,6 +159,7 @@ def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
         else plan.fp8_recipe
     return {"recipe": recipe, "fsdp_float8_all_gather": float8_all_gather(plan, backend),
             "float8_linears": converted, "kept_in_bf16": kept,
+            "mxfp8_expert_layers": experts,
             "float8_tp_styles": plan.layout.tp > 1 and float8_tp_comms(plan, backend),
             "emulated": backend != "nccl"}
 
