@@ -22,7 +22,7 @@ from torch import nn
 from ..layout import rank_coordinates
 from ..plan import Plan
 
-_COMPUTE_BYTES = {"bf16": 2, "fp8": 2, "fp32": 4}
+_COMPUTE_BYTES = {"bf16": 2, "fp8": 2, "mxfp8": 2, "fp32": 4}
 
 
 def _tp_local_numel(param: torch.Tensor, tp_coordinate: int, tp: int) -> tuple[int, bool]:
