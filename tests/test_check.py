@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from trainbench.catalog import recipes
 from trainbench.catalog.models import parameter_count
 from trainbench.check.cli import default_ranks, parse_ranks
 from trainbench.plan import build_plan
@@ -153,6 +154,46 @@ def test_qwen3_235b_h100_layout_builds_with_ep_over_tensor_and_data_ranks():
     for r in results:
         predicted = predicted_for_rank(plan, r["pp"])["model_state"]
         assert built_model_state(r) == pytest.approx(predicted, rel=0.001)
+
+
+MXFP8_MOE_ROWS = [r for r in recipes.RECIPES if r.dtype == "mxfp8"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", MXFP8_MOE_ROWS,
+                         ids=[f"{r.size}-{r.gpu_type}" for r in MXFP8_MOE_ROWS])
+def test_published_mxfp8_moe_rows_build_with_mxfp8_experts(row):
+    """The five MXFP8 MoE rows published for GB200 and B200 (Megatron-Bridge 26.04.01) plan
+    with their own layouts (`--dtype mxfp8` once ran the H100 FP8 layouts, refused for
+    MoE), and the first and last ranks build with every MoE layer's experts wrapped for
+    torchao's MX grouped GEMM and the routers left alone; model state equals predict's."""
+    import torch
+    import torch.distributed as dist
+
+    from trainbench.check.build import build_rank, count_rank
+    from trainbench.check.cli import built_model_state, predicted_for_rank
+    from trainbench.engine.models.moe import moe_layers
+    from trainbench.layout import rank_coordinates, rank_stages
+    plan = build_plan(row.workload, row.size, "mxfp8", row.gpus, row.gpu_type)
+    lay = plan.layout
+    assert (lay.tp, lay.pp, lay.vp, lay.ep, plan.mbs, plan.gbs) == (
+        row.tp, row.pp, row.vp, row.ep, row.mbs, row.gbs)
+    for rank in (0, row.gpus - 1):
+        trainer = build_rank(plan, rank)
+        try:
+            layers = [m for part in trainer.model_parts for m in moe_layers(part)]
+            assert layers
+            for moe in layers:
+                local = moe.w1.to_local()
+                assert type(local).__name__ == "MXFP8TrainingWeightWrapperTensor"
+                assert type(moe.router.weight.to_local()) is torch.Tensor
+            pp = rank_coordinates(rank, plan)["pp"]
+            info = count_rank(plan, rank, rank_stages(pp, lay.pp, lay.vp) if lay.pp > 1
+                              else [0], trainer.model_parts)
+            assert built_model_state(info) == pytest.approx(
+                predicted_for_rank(plan, pp)["model_state"], rel=0.001)
+        finally:
+            dist.destroy_process_group()
 
 
 @pytest.mark.slow

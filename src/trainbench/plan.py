@@ -337,8 +337,12 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         except LookupError as err:
             if peak_tflops is None:
                 raise PlanError([str(err)]) from None
-    # MXFP8 has no published recipe: it runs the FP8 recipe's layout.
-    row_dtype = "fp8" if dtype == "mxfp8" else dtype
+    # MXFP8 runs its own published layout where there is one at this scale on this GPU
+    # (the MoE rows on Blackwell), else the FP8 recipe's.
+    row_dtype = dtype
+    if dtype == "mxfp8" and not any(r.gpus == scale for r in recipes.rows_for(
+            workload, size, "mxfp8", gpu_type)):
+        row_dtype = "fp8"
     try:
         row = recipes.find_row(workload, size, row_dtype, scale, gpu_type)
     except LookupError as err:

@@ -21,6 +21,8 @@ MB_MOE_H100_2509 = ("Megatron-Bridge docs/performance-summary.md @fa0315a (25.09
                     "(etp 1)")
 MB_MOE_H100_260401 = ("Megatron-Bridge docs/performance-summary.md @21d102f (26.04.01), "
                       "DGX-H100 rows; ETP 1 as in scripts/performance/configs/qwen3/*.yaml @fa0315a")
+MB_MOE_MXFP8_260401 = ("Megatron-Bridge docs/performance-summary.md @21d102f (26.04.01), "
+                       "DGX-GB200 and DGX-B200 MXFP8 rows; ETP 1")
 MB_MOE_BF16_2511 = ("Megatron-Bridge docs/performance-summary.md @5776a6d (25.11), DGX-GB200 "
                     "and DGX-GB300 BF16 rows; ETP 1")
 
@@ -171,6 +173,17 @@ RECIPES += [
              MB_MOE_BF16_2511),
     _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb200", 256, 94, 1, 8, 3, 32, 1, 8192,
              MB_MOE_BF16_2511),
+    # MXFP8 (Blackwell): --dtype mxfp8 takes these where they exist, else the fp8 rows.
+    _moe_row("pretrain_deepseek_v3", "671b", "mxfp8", "gb200", 256, 61, 1, 4, 4, 64, 1, 4096,
+             MB_MOE_MXFP8_260401, _DSV3_LAYOUT, pp_split=DSV3_SPLIT_16),
+    _moe_row("pretrain_deepseek_v3", "671b", "mxfp8", "b200", 256, 61, 1, 8, 2, 32, 1, 4096,
+             MB_MOE_MXFP8_260401, _DSV3_LAYOUT, pp_split=DSV3_SPLIT_16),
+    _moe_row("pretrain_qwen3", "30b_a3b", "mxfp8", "gb200", 8, 48, 1, 1, 1, 8, 4, 512,
+             MB_MOE_MXFP8_260401),
+    _moe_row("pretrain_qwen3", "30b_a3b", "mxfp8", "b200", 8, 48, 1, 1, 1, 8, 4, 512,
+             MB_MOE_MXFP8_260401),
+    _moe_row("pretrain_qwen3", "235b_a22b", "mxfp8", "gb200", 256, 94, 1, 8, 3, 32, 1, 8192,
+             MB_MOE_MXFP8_260401),
 ]
 
 
