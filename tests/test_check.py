@@ -115,42 +115,36 @@ def test_nemotron4_340b_slice_from_the_outer_tp_ranks_of_every_stage():
     assert total == parameter_count(plan.model)
 
 
-@pytest.mark.slow
-def test_qwen3_235b_published_gb200_row_builds_with_experts_split_over_ep():
-    """The published BF16 row on 256 GB200 (TP1 PP8 VP3, EP32 over DP32, ETP 1): every
-    pipeline rank at dp = 0 builds. Each holds 128/32 = 4 experts of each of its MoE
-    layers before FSDP, so the slice adds up to the model less 31/32 of the routed
-    experts (94 layers x 128 experts x 3 x 4096 x 1536, counted by hand), and its model
-    state equals predict's (the PP step's gathered weights counted the experts of all
-    32 ep ranks before ep was taken into account: 167 GiB built against 24 predicted)."""
-    from trainbench.check.build import check_ranks
-    from trainbench.check.cli import built_model_state, predicted_for_rank
-    plan = build_plan("pretrain_qwen3", "235b_a22b", "bf16", 256, "gb200")
-    results = check_ranks(plan, _slice_ranks(plan))
-    experts = 94 * 128 * 3 * 4096 * 1536
-    assert _slice_total(results) == parameter_count(plan.model) - experts * 31 // 32
-    for r in results:
-        predicted = predicted_for_rank(plan, r["pp"])["model_state"]
-        assert built_model_state(r) == pytest.approx(predicted, rel=0.01)
+# (gpu, layout overrides, how many ep ranks' experts one TP x PP slice holds)
+QWEN3_235B_LAYOUTS = {
+    "gb200-bf16-row": ("gb200", {}, 1),
+    "h100-fp8-layout-in-bf16": ("h100", {"tp": 2, "pp": 8, "vp": 4, "ep": 32, "mbs": 1,
+                                         "gbs": 2048}, 2),
+}
 
 
 @pytest.mark.slow
-def test_qwen3_235b_h100_layout_builds_with_ep_over_tensor_and_data_ranks():
-    """The layout of the published FP8 rows on 256 H100 (TP2 PP8 VP4, EP32 over the 2 x 16
-    tensor and data ranks of a stage, ETP 1), built in BF16 (the engine has no FP8 for
-    MoE). It was refused while EP had to divide DP. Every pipeline rank at dp = 0
-    builds; the two TP ranks of a stage are neighbours in one expert group, each with its
-    own 128/32 = 4 experts of each MoE layer, so the slice adds up to the model less
-    30/32 of the routed experts (by hand, as above), and its model state equals
-    predict's (the token-local router sharded over dp x tp)."""
+@pytest.mark.parametrize("case", list(QWEN3_235B_LAYOUTS))
+def test_qwen3_235b_published_layouts_build_with_experts_split_over_ep(case):
+    """Two published Qwen3 235B-A22B layouts (ETP 1), every pipeline rank at dp = 0.
+    gb200-bf16-row: TP1 PP8 VP3, EP32 over DP32; each rank holds 128/32 = 4 experts of
+    each of its MoE layers before FSDP, so the slice adds up to the model less 31/32 of
+    the routed experts (94 layers x 128 experts x 3 x 4096 x 1536, counted by hand); the
+    PP step's gathered weights once counted the experts of all 32 ep ranks (167 GiB
+    built against 24 predicted). h100-fp8-layout-in-bf16: the FP8 rows' TP2 PP8 VP4 with
+    EP32 over the 2 x 16 tensor and data ranks of a stage, built in BF16 (the engine has
+    no FP8 for MoE), refused while EP had to divide DP; the two TP ranks of a stage are
+    neighbours in one expert group, each with its own 4 experts, so the slice holds
+    2/32 of them. Model state equals predict's (the token-local router sharded over the
+    TP ranks too)."""
     from trainbench.check.build import check_ranks
     from trainbench.check.cli import built_model_state, predicted_for_rank
-    plan = build_plan("pretrain_qwen3", "235b_a22b", "bf16", 256, "h100",
-                      overrides={"tp": 2, "pp": 8, "vp": 4, "ep": 32, "mbs": 1, "gbs": 2048})
-    assert plan.layout.describe() == "TP2 PP8 CP1 DP16 EP32 VP4"
+    gpu, overrides, held = QWEN3_235B_LAYOUTS[case]
+    plan = build_plan("pretrain_qwen3", "235b_a22b", "bf16", 256, gpu, overrides=overrides)
     results = check_ranks(plan, _slice_ranks(plan))
     experts = 94 * 128 * 3 * 4096 * 1536
-    assert _slice_total(results) == parameter_count(plan.model) - experts * 30 // 32
+    assert _slice_total(results) == (parameter_count(plan.model)
+                                     - experts * (32 - held) // 32)
     for r in results:
         predicted = predicted_for_rank(plan, r["pp"])["model_state"]
         assert built_model_state(r) == pytest.approx(predicted, rel=0.001)
