@@ -150,17 +150,22 @@ def test_qwen3_235b_published_layouts_build_with_experts_split_over_ep(case):
         assert built_model_state(r) == pytest.approx(predicted, rel=0.001)
 
 
-MXFP8_MOE_ROWS = [r for r in recipes.RECIPES if r.dtype == "mxfp8"]
+LOW_PRECISION_MOE_ROWS = [r for r in recipes.RECIPES
+                          if r.dtype in ("fp8", "mxfp8") and r.size != "tiny"
+                          and r.workload in ("pretrain_qwen3", "pretrain_deepseek_v3")]
+WRAPPERS = {"fp8": "Float8TrainingWeightWrapperTensor",
+            "mxfp8": "MXFP8TrainingWeightWrapperTensor"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("row", MXFP8_MOE_ROWS,
-                         ids=[f"{r.size}-{r.gpu_type}" for r in MXFP8_MOE_ROWS])
-def test_published_mxfp8_moe_rows_build_with_mxfp8_experts(row):
-    """The five MXFP8 MoE rows published for GB200 and B200 (Megatron-Bridge 26.04.01) plan
-    with their own layouts (`--dtype mxfp8` once ran the H100 FP8 layouts, refused for
-    MoE), and the first and last ranks build with every MoE layer's experts wrapped for
-    torchao's MX grouped GEMM and the routers left alone; model state equals predict's."""
+@pytest.mark.parametrize("row", LOW_PRECISION_MOE_ROWS,
+                         ids=[f"{r.size}-{r.dtype}-{r.gpu_type}" for r in LOW_PRECISION_MOE_ROWS])
+def test_published_low_precision_moe_rows_build_with_wrapped_experts(row):
+    """Every published FP8 (H100) and MXFP8 (GB200, B200) MoE recipe row plans with its
+    own layout (FP8 MoE was refused on every GPU, and `--dtype mxfp8` ran the H100 FP8
+    layouts), and its first and last ranks build with every MoE layer's experts wrapped
+    for torchao's grouped GEMM of that dtype and the routers left alone; model state
+    equals predict's."""
     import torch
     import torch.distributed as dist
 
@@ -168,7 +173,7 @@ def test_published_mxfp8_moe_rows_build_with_mxfp8_experts(row):
     from trainbench.check.cli import built_model_state, predicted_for_rank
     from trainbench.engine.models.moe import moe_layers
     from trainbench.layout import rank_coordinates, rank_stages
-    plan = build_plan(row.workload, row.size, "mxfp8", row.gpus, row.gpu_type)
+    plan = build_plan(row.workload, row.size, row.dtype, row.gpus, row.gpu_type)
     lay = plan.layout
     assert (lay.tp, lay.pp, lay.vp, lay.ep, plan.mbs, plan.gbs) == (
         row.tp, row.pp, row.vp, row.ep, row.mbs, row.gbs)
@@ -179,7 +184,7 @@ def test_published_mxfp8_moe_rows_build_with_mxfp8_experts(row):
             assert layers
             for moe in layers:
                 local = moe.w1.to_local()
-                assert type(local).__name__ == "MXFP8TrainingWeightWrapperTensor"
+                assert type(local).__name__ == WRAPPERS[row.dtype]
                 assert type(moe.router.weight.to_local()) is torch.Tensor
             pp = rank_coordinates(rank, plan)["pp"]
             info = count_rank(plan, rank, rank_stages(pp, lay.pp, lay.vp) if lay.pp > 1

@@ -127,7 +127,8 @@ def test_mxfp8_experts_train_under_ep_and_tp_like_one_mxfp8_process(tmp_path):
         [r["grad_norm"] for r in read_metrics(one)], rel=3e-3)
     for exp in (one, ep):
         fp8 = json.loads((exp / "run.json").read_text())["fp8"]
-        assert fp8["mxfp8_expert_layers"] == 4
+        assert fp8["float8_expert_layers"] == 4
+        assert fp8["expert_recipe"] == "mxfp8 (torchao grouped GEMM)"
         assert all(name.endswith("router") or name == "output" for name in fp8["kept_in_bf16"])
     # The quantisation really ran: bf16's first gradient norm is 7e-4 away (measured).
     bf16 = train(tmp_path, "pretrain_qwen3", 1, dtype="bf16", steps=1)

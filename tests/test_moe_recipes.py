@@ -47,21 +47,22 @@ def test_real_sizes_have_published_h100_rows(workload, size):
                                       r.pp, r.vp, r.ep, r.mbs, r.gbs) for h in HELD_OUT_MOE)
 
 
-def test_published_layouts_are_found_and_refused_in_one_line_each():
-    # The engine has no FP8 for MoE: the plan says so in one line. Neither the pipeline
-    # (PP8 VP4) nor the EP32 over TP2 x DP16 (EP spans the stage's ranks) is refused.
-    with pytest.raises(PlanError) as err:
-        build_plan("pretrain_qwen3", "235b_a22b", "fp8", 256, "h100")
-    lines = err.value.problems if hasattr(err.value, "problems") else str(err.value).splitlines()
-    text = "\n".join(map(str, lines))
-    assert "FP8" in text and "does not divide" not in text and "pp=" not in text
-    assert len(lines) == 1
+def test_published_layouts_plan_and_fp8_moe_is_refused_on_a_cpu_in_one_line():
+    # The H100 rows (FP8, EP32 over TP2 x DP16 for 235B-A22B: EP spans the stage's ranks)
+    # plan with their own layouts; the pipeline (PP8 VP4) is no longer refused either.
+    assert build_plan("pretrain_qwen3", "235b_a22b", "fp8", 256, "h100").layout.describe() \
+        == "TP2 PP8 CP1 DP16 EP32 VP4"
+    assert build_plan("pretrain_qwen3", "30b_a3b", "fp8", 16, "h100").layout.describe() \
+        == "TP1 PP1 CP1 DP16 EP16"
     # The BF16 GB200 row (TP1 PP8 VP3 EP32 over DP32) is a plan the engine runs.
     assert build_plan("pretrain_qwen3", "235b_a22b", "bf16", 256, "gb200").layout.describe() \
         == "TP1 PP8 CP1 DP32 EP32 VP3"
+    # On a CPU torchao's FP8 grouped GEMM (Triton, torch._scaled_grouped_mm) cannot run:
+    # one line, naming what does.
     with pytest.raises(PlanError) as err:
-        build_plan("pretrain_qwen3", "30b_a3b", "fp8", 16, "h100")
-    assert "FP8" in str(err.value) and "pp=" not in str(err.value)
+        build_plan("pretrain_qwen3", "tiny", "fp8", 2, "cpu")
+    lines = err.value.problems if hasattr(err.value, "problems") else str(err.value).splitlines()
+    assert len(lines) == 1 and "FP8 for MoE" in str(lines[0]) and "mxfp8" in str(lines[0])
 
 
 def test_published_model_tflops_match_the_causal_count():

@@ -542,13 +542,13 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
     if m.is_moe:
         # Run and checked: DP/FSDP, EP, TP, PP (with VP) and CP (README, "Mixture of
         # experts").
-        if plan.dtype == "fp8":
+        if plan.dtype == "fp8" and plan.gpu_type == hardware.CPU:
             # torchao 0.18's MoE float8 (prototype/moe_training) quantises with Triton
             # kernels and multiplies with torch._scaled_grouped_mm: CUDA only, no CPU kernel.
             # Its MXFP8 grouped GEMM has an emulation that runs anywhere (float8.py).
             p.append(f"{plan.workload}: FP8 for MoE needs torchao's float8 grouped GEMM "
-                     "(torch._scaled_grouped_mm and Triton kernels, CUDA GPUs only), which "
-                     "trainbench does not use yet; use --dtype bf16 (or mxfp8 on Blackwell)")
+                     "(Triton kernels and torch._scaled_grouped_mm: CUDA GPUs only); on a "
+                     "CPU use --dtype mxfp8 (emulated) or bf16")
     if lay.vp > 1 and lay.pp == 1:
         p.append(f"VP={lay.vp} needs pipeline parallelism (PP > 1); set vp=1 or pp>1")
     layers = pipeline_layers(m)

@@ -1,11 +1,11 @@
-"""Plans for published layouts that trainbench's engine cannot run yet, so `predict`
-can compare itself with them.
+"""Plans for published layouts that are not recipe rows, so `predict` can compare itself
+with them.
 
-NVIDIA's MoE rows (catalog.heldout.HELD_OUT_MOE) run FP8 (and layouts of sizes and
-GPUs with no recipe row), which plan validation refuses for the MoE models because the
-engine has no such path. Predicting such a layout needs only its arithmetic
-to hold: the plan is built with a layout validation accepts and then given the published
-one, after the checks that matter to the model here. Pure Python.
+NVIDIA's MoE rows (catalog.heldout.HELD_OUT_MOE) include layouts of other releases and
+a DeepSeek-V3 row whose pipeline layout is not published, which no recipe row (or plan
+validation) carries. Predicting such a layout needs only its arithmetic to hold: the
+plan is built with a layout validation accepts and then given the published one, after
+the checks that matter to the model here. Pure Python.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def published_plan(workload: str, size: str, dtype: str, gpus: int, gpu_type: st
     if problems:
         raise PlanError(problems)
     # The tiny size's bf16 plan carries everything but the model, the dtype and the layout
-    # (the real sizes' recipe rows are FP8, which validation refuses for MoE models).
+    # (any published layout, whether a recipe row has it or not).
     base = build_plan(workload, "tiny", "bf16", gpus, gpu_type,
                       overrides=dict(tp=1, pp=1, cp=1, ep=1, dp=gpus, vp=1, mbs=mbs, gbs=gbs,
                                      seq_len=seq_len, recompute=recompute))

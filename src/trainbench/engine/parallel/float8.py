@@ -90,13 +90,13 @@ def convert(model: nn.Module, plan: Plan, backend: str) -> None:
     if plan.dtype == "mxfp8":
         chosen = [m for name, m in model.named_modules() if eligible(m, name, tp, MX_BLOCK)]
         convert_mxfp8(model, backend, lambda m, fqn: eligible(m, fqn, tp, MX_BLOCK))
-        for moe in convert_mxfp8_experts(model, backend):
-            moe.lowp_experts = True
+        wrap_experts(model, mx_config(backend))
     else:
         from torchao.float8 import convert_to_float8_training
         convert_to_float8_training(model, config=float8_config(plan, backend),
                                    module_filter_fn=lambda m, fqn: eligible(m, fqn, tp))
         chosen = [m for m in model.modules() if is_float8_linear(m)]
+        wrap_experts(model, fp8_grouped_config())
     for module in chosen:
         module.lowp_linear = True
 
@@ -127,30 +127,45 @@ def mx_config(backend: str):
                    pad_token_groups_for_grouped_mm=True)
 
 
-def convert_mxfp8_experts(model: nn.Module, backend: str) -> list[nn.Module]:
-    """The routed experts' grouped GEMMs in MXFP8: each MoE layer's w1, w3 and w2 become
-    torchao's MX training wrappers, whose torch._grouped_mm quantises both operands
-    (engine/models/moe.py grouped_swiglu takes that path for them on any device; off
-    Blackwell it is torchao's emulation). Returns the converted MoE layers."""
-    from torchao.prototype.moe_training.tensor import MXFP8TrainingWeightWrapperTensor
+def fp8_grouped_config():
+    """torchao's float8 grouped GEMM (rowwise scales, the only recipe it has): Triton
+    kernels quantise, torch._scaled_grouped_mm multiplies, so CUDA only (plan validation
+    refuses FP8 MoE on a CPU). Its groups are padded to multiples of 16, the alignment the
+    FP8 grouped GEMM wants, for the same reason as mx_config's."""
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    return Float8TrainingOpConfig(pad_token_groups_for_grouped_mm=True)
+
+
+EXPERT_RECIPES = {"Float8TrainingOpConfig": "fp8 rowwise (torchao grouped GEMM)",
+                  "MXFP8TrainingOpConfig": "mxfp8 (torchao grouped GEMM)"}
+
+
+def wrap_experts(model: nn.Module, config) -> None:
+    """The routed experts' grouped GEMMs in low precision: each MoE layer's w1, w3 and w2
+    become torchao's training wrappers for `config`, whose torch._grouped_mm quantises
+    both operands (engine/models/moe.py grouped_swiglu takes that path for them on any
+    device; MXFP8 off Blackwell is torchao's emulation). Marks each converted layer."""
+    from torchao.prototype.moe_training.tensor import (Float8TrainingWeightWrapperTensor,
+                                                       MXFP8TrainingWeightWrapperTensor)
 
     from ..models.moe import moe_layers
-    config = mx_config(backend)
-    layers = moe_layers(model)
-    for moe in layers:
+    wrapper = (Float8TrainingWeightWrapperTensor if type(config).__name__.startswith("Float8")
+               else MXFP8TrainingWeightWrapperTensor)
+    for moe in moe_layers(model):
         for name in ("w1", "w3", "w2"):
             weight = getattr(moe, name)
-            setattr(moe, name, nn.Parameter(MXFP8TrainingWeightWrapperTensor(weight.data, config),
+            setattr(moe, name, nn.Parameter(wrapper(weight.data, config),
                                             requires_grad=weight.requires_grad))
-    return layers
+        moe.lowp_experts = EXPERT_RECIPES[type(config).__name__]
 
 
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
     """What ran, for run.json: the recipe, FP8 all-gather, and the layers kept in bf16."""
-    converted, experts, kept = 0, 0, []
+    converted, experts, kept = 0, [], []
     for part in model_parts:
         for name, module in part.named_modules():
-            experts += bool(getattr(module, "lowp_experts", False))
+            if getattr(module, "lowp_experts", None):
+                experts.append(module.lowp_experts)
             if getattr(module, "lowp_linear", False):
                 converted += 1
             elif isinstance(module, nn.Linear):
@@ -159,7 +174,8 @@ def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
         else plan.fp8_recipe
     return {"recipe": recipe, "fsdp_float8_all_gather": float8_all_gather(plan, backend),
             "float8_linears": converted, "kept_in_bf16": kept,
-            "mxfp8_expert_layers": experts,
+            "float8_expert_layers": len(experts),
+            "expert_recipe": experts[0] if experts else None,
             "float8_tp_styles": plan.layout.tp > 1 and float8_tp_comms(plan, backend),
             "emulated": backend != "nccl"}
 
