@@ -65,6 +65,11 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x, whose gradient is multiplied by `scale` on its way back."""
+    return _ScaleGrad.apply(x, scale)
+
+
 def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
     return _AllToAll.apply(x, send, recv, group)
 
@@ -100,8 +105,7 @@ def _ep_compute(moe: nn.Module, group, ep: int):
     from trainbench.engine.models.moe import grouped_swiglu
 
     def experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        w1, w3, w2 = (_ScaleGrad.apply(_local(getattr(moe, n)), 1.0 / ep)
-                      for n in EXPERT_WEIGHTS)
+        w1, w3, w2 = (scale_grad(_local(getattr(moe, n)), 1.0 / ep) for n in EXPERT_WEIGHTS)
         out = grouped_swiglu(rows, counts, w1, w3, w2)
         if rows.shape[0] == 0:
             # No token for any local expert. A zero term still gives the weights a

@@ -177,19 +177,6 @@ def nemotronh_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, Para
     return styles
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward (a copy with `copy`); backward multiplies the gradient by `scale`."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: float, copy: bool) -> torch.Tensor:
-        ctx.scale = scale
-        return x.clone() if copy else x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad * ctx.scale, None, None
-
-
 class MoETokenLocal(ParallelStyle):
     """A mixture of experts under TP (Megatron-Core's ETP 1 layout): each TP rank routes
     and computes only its own sequence shard, with whole experts.
@@ -212,19 +199,20 @@ class MoETokenLocal(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from torch.distributed.tensor import DTensor
+
+        from .ep import scale_grad
         tp = device_mesh.size()
 
         def local_in(mod, args):
             x = args[0].to_local() if isinstance(args[0], DTensor) else args[0]
-            return (_ScaleGrad.apply(x, 1.0 / tp, False),) + tuple(args[1:])
+            return (scale_grad(x, 1.0 / tp),) + tuple(args[1:])
 
         def scaled_out(mod, args, out):
             # A copy: FSDP, which wraps the layer, warns at every forward on a view output.
-            return _ScaleGrad.apply(out, float(tp), True)
+            return scale_grad(out, float(tp)).clone()
 
         module.register_forward_pre_hook(local_in)
         module.register_forward_hook(scaled_out)
-        module.tp_token_local = tp
         return module
 
 
