@@ -424,3 +424,39 @@ def test_the_fake_trace_counts_whole_vocabulary_tensors_of_the_tp_loss():
     assert real_local == fake_local == (bench.TOKENS, bench.VOCAB // bench.TP)
     assert 2 * shard_mib <= real < 4 * shard_mib
     assert fake > 4 * real
+
+
+def test_tp_embedding_gradient_is_the_ranks_own_rows():
+    """One TP8 rank (a fake process group) of a vocabulary-parallel embedding: its weight
+    gradient is its own [vocab/8, hidden] rows, Shard(0), and only the tokens in its rows
+    reach them. DTensor's RowwiseParallel embedding gave each rank a Replicate gradient of
+    the whole vocabulary (local shape (1000, 16) here), which tracing Nemotron-4 340B's
+    first stage found (README, "Check")."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from trainbench.engine.parallel.tp import VocabParallelEmbedding
+    vocab, hidden, tp, rank = 1000, 16, 8, 7  # torch.chunk: ranks 0-6 hold 125 rows, 7 too
+    dist.init_process_group("fake", rank=rank, world_size=tp, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (tp,))
+        emb = nn.Embedding(vocab, hidden)
+        parallelize_module(emb, mesh, VocabParallelEmbedding())
+        tokens = torch.tensor([[0, 874, 875, 999, 500, 999, 3, 998]])
+        out = emb(tokens)
+        assert out.shape == (1, 1, hidden)  # this rank's sequence shard: 8 tokens / 8
+        out.sum().backward()
+        grad = emb.weight.grad
+        assert grad.placements == (Shard(0),) and tuple(grad.to_local().shape) == (125, hidden)
+        # Only rows of tokens in this rank's range (875-999) can get a gradient: 875, 998
+        # and 999 are local rows 0, 123 and 124; tokens 0, 3, 500 and 874 are other ranks'.
+        # (The values come from the fake group's all-gather in backward: not checked.)
+        touched = set(grad.to_local().abs().sum(1).nonzero().flatten().tolist())
+        assert touched <= {0, 123, 124}
+    finally:
+        dist.destroy_process_group()
