@@ -112,7 +112,7 @@ def test_parallel_moe_layouts_train_like_one_process(tmp_path, one_process, ep2,
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_mxfp8_experts_train_under_ep_and_tp_like_one_mxfp8_process(tmp_path):
+def test_mxfp8_experts_train_under_ep_over_cp_like_one_mxfp8_process(tmp_path):
     """MXFP8 (torchao's MX grouped GEMM for the experts, MX linears elsewhere, the
     router kept in bf16; emulated on a CPU) in one process and under EP2 over CP2: the
     same losses and norms within the FP8 parity bounds of tests/test_fp8.py (losses
