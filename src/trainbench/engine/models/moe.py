@@ -144,8 +144,9 @@ def _grouped_mm_available(x: torch.Tensor) -> bool:
 
 
 def _low_precision(w: torch.Tensor) -> bool:
-    """A weight that torchao's MX training wraps (engine/parallel/float8.py): its grouped
-    GEMM quantises both operands, on any device (emulated off Blackwell)."""
+    """A weight that torchao's FP8 or MXFP8 training wraps (engine/parallel/float8.py
+    wrap_experts): its grouped GEMM quantises both operands (MXFP8 on any device,
+    emulated off Blackwell; FP8 on CUDA only)."""
     return type(w).__name__.endswith("TrainingWeightWrapperTensor")
 
 

@@ -153,19 +153,25 @@ def share_moe_statistics(model: nn.Module, dims: ParallelDims) -> None:
              else dims["cp"] if dims.cp_enabled else dims["tp"] if dims.tp_enabled else None)
     if parts is not None:
         share_sequence_counts(model, parts.get_group())
-    routing = dims["dp_cp_tp"] if dims.tp_enabled else dims["dp_cp"]
+    routing = moe_routing_mesh(dims)
     if routing.size() > 1:
         share_expert_load(model, routing.get_group())
+
+
+def moe_routing_mesh(dims: ParallelDims) -> DeviceMesh:
+    """The ranks whose MoE layers route different tokens: data and context ranks, and the
+    tensor ranks where the layer is token-local (under TP)."""
+    return dims["dp_cp_tp"] if dims.tp_enabled else dims["dp_cp"]
 
 
 def moe_fsdp_meshes(dims: ParallelDims) -> tuple[DeviceMesh, DeviceMesh] | None:
     """(router and shared expert, routed experts) FSDP meshes of an MoE layer, or None
     where it is sharded with its block: under TP its parameters are token-local, so
-    shared over the tensor ranks too; under EP the routed experts over the ranks that
-    hold the same ones (ep.py)."""
+    shared over the ranks that route different tokens (the tensor ranks too); under EP
+    the routed experts over the ranks that hold the same ones (ep.py)."""
     if not (dims.ep_enabled or dims.tp_enabled):
         return None
-    dense = dims["dp_cp_tp"] if dims.tp_enabled else dims["dp_cp"]
+    dense = moe_routing_mesh(dims)
     return dense, dims["dp_mod_ep"] if dims.ep_enabled else dense
 
 

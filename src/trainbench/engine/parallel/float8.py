@@ -90,13 +90,13 @@ def convert(model: nn.Module, plan: Plan, backend: str) -> None:
     if plan.dtype == "mxfp8":
         chosen = [m for name, m in model.named_modules() if eligible(m, name, tp, MX_BLOCK)]
         convert_mxfp8(model, backend, lambda m, fqn: eligible(m, fqn, tp, MX_BLOCK))
-        wrap_experts(model, mx_config(backend))
+        wrap_experts(model, "mxfp8", backend)
     else:
         from torchao.float8 import convert_to_float8_training
         convert_to_float8_training(model, config=float8_config(plan, backend),
                                    module_filter_fn=lambda m, fqn: eligible(m, fqn, tp))
         chosen = [m for m in model.modules() if is_float8_linear(m)]
-        wrap_experts(model, fp8_grouped_config())
+        wrap_experts(model, "fp8", backend)
     for module in chosen:
         module.lowp_linear = True
 
@@ -127,36 +127,35 @@ def mx_config(backend: str):
                    pad_token_groups_for_grouped_mm=True)
 
 
-def fp8_grouped_config():
-    """torchao's float8 grouped GEMM (rowwise scales, the only recipe it has): Triton
-    kernels quantise, torch._scaled_grouped_mm multiplies, so CUDA only (plan validation
-    refuses FP8 MoE on a CPU). Its groups are padded to multiples of 16, the alignment the
-    FP8 grouped GEMM wants, for the same reason as mx_config's."""
-    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
-    return Float8TrainingOpConfig(pad_token_groups_for_grouped_mm=True)
-
-
-EXPERT_RECIPES = {"Float8TrainingOpConfig": "fp8 rowwise (torchao grouped GEMM)",
-                  "MXFP8TrainingOpConfig": "mxfp8 (torchao grouped GEMM)"}
-
-
-def wrap_experts(model: nn.Module, config) -> None:
+def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
     """The routed experts' grouped GEMMs in low precision: each MoE layer's w1, w3 and w2
-    become torchao's training wrappers for `config`, whose torch._grouped_mm quantises
-    both operands (engine/models/moe.py grouped_swiglu takes that path for them on any
-    device; MXFP8 off Blackwell is torchao's emulation). Marks each converted layer."""
+    become torchao's training wrappers, whose torch._grouped_mm quantises both operands
+    (engine/models/moe.py grouped_swiglu takes that path for them on any device). Marks
+    each converted layer with its recipe, for run.json.
+
+    mxfp8: mx_config, shared with the linears; off Blackwell torchao's emulation.
+    fp8: torchao's float8 grouped GEMM (rowwise scales, the only recipe it has): Triton
+    kernels quantise, torch._scaled_grouped_mm multiplies, so CUDA only (plan validation
+    refuses FP8 MoE on a CPU); its groups are padded to multiples of 16, the alignment
+    the FP8 grouped GEMM wants, for the same reason as mx_config's."""
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
     from torchao.prototype.moe_training.tensor import (Float8TrainingWeightWrapperTensor,
                                                        MXFP8TrainingWeightWrapperTensor)
 
     from ..models.moe import moe_layers
-    wrapper = (Float8TrainingWeightWrapperTensor if type(config).__name__.startswith("Float8")
-               else MXFP8TrainingWeightWrapperTensor)
+    if dtype == "mxfp8":
+        wrapper, config = MXFP8TrainingWeightWrapperTensor, mx_config(backend)
+        recipe = "mxfp8 (torchao grouped GEMM)"
+    else:
+        wrapper = Float8TrainingWeightWrapperTensor
+        config = Float8TrainingOpConfig(pad_token_groups_for_grouped_mm=True)
+        recipe = "fp8 rowwise (torchao grouped GEMM)"
     for moe in moe_layers(model):
         for name in ("w1", "w3", "w2"):
             weight = getattr(moe, name)
             setattr(moe, name, nn.Parameter(wrapper(weight.data, config),
                                             requires_grad=weight.requires_grad))
-        moe.lowp_experts = EXPERT_RECIPES[type(config).__name__]
+        moe.lowp_experts = recipe
 
 
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:

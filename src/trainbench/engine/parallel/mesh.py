@@ -51,10 +51,7 @@ class ParallelDims:
         # MoE layer under TP is token-local (tp.MoETokenLocal): FSDP shards its
         # parameters over these ranks.
         self.dp_cp_tp_mesh = self.mesh["dp", "cp", "tp"]._flatten(mesh_dim_name="dp_cp_tp")
-        # The ranks that hold parts of one sequence in an MoE layer (its balance losses
-        # count experts over whole sequences).
-        self.cp_tp_mesh = (self.mesh["cp", "tp"]._flatten(mesh_dim_name="cp_tp")
-                           if self.cp > 1 and self.tp > 1 else None)
+        self.cp_tp_mesh = None  # made on first use: see __getitem__
         self.ep_mesh = None
         if self.ep_enabled:
             # Megatron-Core's expert layout with ETP 1: a stage's tensor, context and data
@@ -76,6 +73,12 @@ class ParallelDims:
         if name == "dp_cp_tp":
             return self.dp_cp_tp_mesh
         if name == "cp_tp":
+            # The ranks that hold parts of one sequence in an MoE layer (its balance
+            # losses count experts over whole sequences). Only MoE plans ask, so dense
+            # runs make no process group for it; every rank asks at the same point
+            # (parallelize), as flattening a mesh wants.
+            if self.cp_tp_mesh is None:
+                self.cp_tp_mesh = self.mesh["cp", "tp"]._flatten(mesh_dim_name="cp_tp")
             return self.cp_tp_mesh
         if name in ("ep", "dp_mod_ep"):
             return self.ep_mesh[name]
