@@ -47,14 +47,18 @@ TINY = dict(layers=2, seq_len=128, mbs=1, gbs=1)
 TOP_OPS = 8
 
 
-def make_plan(dtype: str, cuda: bool, peak: float | None):
+def make_plan(dtype: str, cuda: bool, peak: float | None, compile: bool | None = None,
+              layers: int | None = None):
     """The bench's plan: the 8B proxy on this GPU, or the tiny Llama (hidden 64) on a CPU.
 
     On a CPU no MFU is printed, so a nominal peak skips the engine's GEMM peak
     measurement (seconds of work for a figure nobody reads)."""
+    extra = {} if compile is None else dict(compile=compile)
+    if layers is not None:
+        extra["layers"] = layers
     if not cuda:
         return build_plan("pretrain_llama3.1", "tiny", dtype, 1, "cpu", steps=1000,
-                          overrides=dict(TINY), peak_tflops=1.0)
+                          overrides=dict(TINY, **extra), peak_tflops=1.0)
     from trainbench.catalog import hardware
     gpu = hardware.gpu_from_device_name(torch.cuda.get_device_name())
     key = gpu.key if gpu is not None else "h100"  # an unknown GPU needs --peak-tflops
@@ -62,7 +66,7 @@ def make_plan(dtype: str, cuda: bool, peak: float | None):
         sys.exit(f"gpu_mfu: {torch.cuda.get_device_name()} is not in the catalog; "
                  "give its dense peak with --peak-tflops")
     return build_plan("pretrain_llama3.1", "8b", dtype, 1, key, steps=1000,
-                      overrides=dict(PROXY), peak_tflops=peak)
+                      overrides=dict(PROXY, **extra), peak_tflops=peak)
 
 
 def synchronize() -> None:
@@ -98,6 +102,19 @@ def top_ops(step, cuda: bool) -> list[tuple[str, float, float]]:
     total = sum(getattr(e, key) for e in events) or 1.0
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     return [(e.key, getattr(e, key) / 1e3, getattr(e, key) / total) for e in events[:TOP_OPS]]
+
+
+def force_one_rank_fsdp(mode: str) -> None:
+    """Override the engine's one-rank choice for this process (a bench-only experiment):
+    'on' wraps one rank in FSDP whatever the dtype, as every multi-rank layout is;
+    'off' runs one rank under autocast, FP8 included (no FP8 all-gather without FSDP)."""
+    if mode == "auto":
+        return
+    from trainbench.engine import parallel
+    from trainbench.engine.parallel import float8
+    parallel.single_rank_without_fsdp = lambda plan: mode == "off"
+    if mode == "off":
+        float8.float8_all_gather = lambda plan, backend: False
 
 
 def free_port() -> int:
@@ -225,6 +242,7 @@ def pct(x: float | None) -> str:
 
 
 def main() -> None:
+    global TOP_OPS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (default 10 on a GPU, 2 on a CPU)")
@@ -235,6 +253,15 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face loop")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="dense peak of a GPU the catalog does not know")
+    parser.add_argument("--compile", choices=["on", "off"], default=None,
+                        help="trainbench's compiled blocks (default: the plan's, on on GPUs)")
+    parser.add_argument("--one-rank-fsdp", choices=["auto", "on", "off"], default="auto",
+                        help="auto: the engine's choice (one bf16 rank runs without FSDP, under "
+                             "autocast; FP8 keeps FSDP); on/off: force it, for a like-for-like "
+                             "bf16 vs fp8 comparison")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="blocks in the proxy (default 4 on a GPU, 2 on a CPU)")
+    parser.add_argument("--top", type=int, default=TOP_OPS, help="operators listed per run")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
@@ -246,7 +273,10 @@ def main() -> None:
     print(f"gpu_mfu: {device}, torch {torch.__version__}")
     if not cuda:
         print(NO_GPU)
-    plans = {dtype: make_plan(dtype, cuda, args.peak_tflops) for dtype in dtypes}
+    TOP_OPS = args.top
+    force_one_rank_fsdp(args.one_rank_fsdp)
+    compile_ = None if args.compile is None else args.compile == "on"
+    plans = {dtype: make_plan(dtype, cuda, args.peak_tflops, compile_, args.layers) for dtype in dtypes}
     spec = next(iter(plans.values())).model
     first = next(iter(plans.values()))
     print(f"shape: Llama 3.1 hidden {spec.hidden}, {spec.heads} heads / {spec.kv_heads} KV, "
