@@ -147,6 +147,7 @@ def bench_trainbench(plan, steps: int, warmup: int, cuda: bool) -> dict:
             return dict(step_times=times, peak_memory_gib=peak_memory_gib(), top_ops=ops,
                         sdpa_backend=info["sdpa_backend"], loss=metrics.loss,
                         optimizer=info["optimizer"]["implementation"],
+                        fsdp_shards=info["parallel"]["fsdp_shards"],
                         peak_tflops=trainer.peak_tflops,
                         mfu_not_applicable=trainer.mfu_not_applicable)
         finally:

@@ -46,3 +46,41 @@ def test_gpu_mfu_bench_runs_the_tiny_cpu_shape_and_prints_no_mfu(tmp_path):
         assert cells[3] == f"{r['tokens_per_s']:,.0f}" and cells[5] == cells[7] == cells[8] == "-"
     assert any(line.startswith("trainbench / HF tokens/s (bf16):") for line in lines)
     assert any(line.startswith("predict, trainbench bf16: no prediction") for line in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,shards", [("on", 1), ("off", 0)])
+def test_gpu_mfu_one_rank_fsdp_forces_the_engines_choice(tmp_path, mode, shards):
+    """--one-rank-fsdp on wraps a bf16 rank in FSDP (the engine's default runs it under
+    autocast); off runs an FP8 rank under autocast (the default keeps FSDP for FP8). What
+    the run really built is read back from its run.json, and its loss stays finite."""
+    pytest.importorskip("torchao")
+    out = tmp_path / "figures.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    dtype = "bf16" if mode == "on" else "fp8"
+    res = subprocess.run([sys.executable, str(BENCH), "--steps", "1", "--warmup", "1",
+                          "--dtypes", dtype, "--no-hf", "--one-rank-fsdp", mode,
+                          "--json", str(out)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["dtype"] == dtype and row["fsdp_shards"] == shards
+    assert 0 < row["loss"] < 20
+
+
+@pytest.mark.slow
+def test_fp8_linear_bench_runs_eager_on_a_cpu():
+    """bench/fp8_linear.py on a CPU: the tiny block's linears in bf16 and both torchao FP8
+    recipes, eager only, and it says no speed-up is measured."""
+    pytest.importorskip("torchao")
+    bench = BENCH.parent / "fp8_linear.py"
+    res = subprocess.run([sys.executable, str(bench), "--iters", "1", "--warmup", "1"],
+                         capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    for variant in ("bf16", "fp8 tensorwise", "fp8 rowwise"):
+        (line,) = [ln for ln in lines if ln.startswith(f"{variant:<15} eager")]
+        assert float(line.split()[-4]) > 0, line  # ms per pass
+    assert not any("failed" in ln or "compiled" in ln for ln in lines)
+    assert lines[-1] == "no GPU found: tiny CPU shape, FP8 emulated, no speed-up"
