@@ -5,8 +5,10 @@ One rank of eight (a fake process group) holds 1/8 of [1024 tokens, 1024 words] 
 logits; the loss runs under `loss_parallel`, as the engine's does under TP. On real
 tensors the tracker sees the rank's shards; under FakeTensorMode it also counts
 whole-vocabulary tensors, which the rank never holds (the tensors it keeps are 1/8 wide
-in both modes: printed below). `check --trace` therefore overstates the loss's
-temporaries of a TP plan by up to TP times.
+in both modes: printed below). They are DTensor's output-shape propagation, which runs
+each op on whole-tensor stand-ins inside the active fake mode; `check --trace` gives that
+propagation a fake mode of its own (check/build.py, `_dtensor_propagation_untracked`),
+and the third line shows the tracker then counts what real tensors hold.
 
     .venv/bin/python bench/fake_trace_loss_parallel.py
 """
@@ -50,10 +52,16 @@ def main() -> None:
         print(f"one rank of TP{TP}: fp32 logits shard {shard_mib:.2f} MiB, "
               f"whole vocabulary {shard_mib * TP:.2f} MiB")
         mesh = init_device_mesh("cpu", (TP,))
-        for fake in (False, True):
-            mib, local = traced_mib(mesh, fake)
-            print(f"{'FakeTensorMode' if fake else 'real tensors':>15}: tracker peak "
-                  f"{mib:6.2f} MiB; the rank's fp32 logits are {local}")
+        from trainbench.check.build import _dtensor_propagation_untracked
+        runs = (("real tensors", False, contextlib.nullcontext),
+                ("FakeTensorMode", True, contextlib.nullcontext),
+                ("FakeTensorMode, check's propagation stand-in", True,
+                 _dtensor_propagation_untracked))
+        for label, fake, standin in runs:
+            with standin():
+                mib, local = traced_mib(mesh, fake)
+            print(f"{label:>45}: tracker peak {mib:6.2f} MiB; the rank's fp32 logits are "
+                  f"{local}")
     finally:
         dist.destroy_process_group()
 

@@ -257,11 +257,29 @@ def _pipeline_neighbours_standin(trainer, plan: Plan):
                                f"{sent[0].dtype}, the trace assumed {shape} {dtype}")
 
 
-# Why a TP plan's traced peak is too high, said next to it.
-TP_LOSS_NOTE = ("under TP the traced temporaries include whole-vocabulary tensors of the "
-                "vocabulary-parallel loss, which torch's tracker counts under FakeTensorMode "
-                "and a rank never holds (python bench/fake_trace_loss_parallel.py): the "
-                "traced peak overstates the loss by up to TP times")
+@contextlib.contextmanager
+def _dtensor_propagation_untracked():
+    """DTensor's output-shape propagation in a fake mode of its own while tracing.
+
+    To learn an op's output shape, DTensor runs the op once on stand-ins of the *global*
+    shape (torch.distributed.tensor._sharding_prop, `_propagate_tensor_meta_non_cached`),
+    inside the active fake mode if there is one, else in a new FakeTensorMode. On a GPU
+    that is a new one, and torch's tracker skips those ops because their fake mode is not
+    the one it was entered under. Under the trace's FakeTensorMode they ran in the trace's
+    own mode, so the tracker counted the whole-tensor stand-ins as temporaries: on rank 0
+    of Nemotron-4 340B's TP8 seed row, the first microbatch's embedding gradient cast to
+    fp32 appeared as a [256000, 18432] bf16 input and fp32 output, 26.4 GiB a rank never
+    holds (it holds [32000, 18432]). Here the propagation gets a new mode, as on a GPU."""
+    from torch.distributed.tensor import _sharding_prop
+    detect = getattr(_sharding_prop, "detect_fake_mode", None)
+    if detect is None:  # a torch whose propagation no longer looks for the active mode
+        yield
+        return
+    _sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        _sharding_prop.detect_fake_mode = detect
 
 
 @contextlib.contextmanager
@@ -324,7 +342,8 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
         trainer.positions()
         neighbours = (_pipeline_neighbours_standin(trainer, plan) if pipeline
                       else contextlib.nullcontext())
-        with FakeTensorMode(allow_non_fake_inputs=True), _cp_memory_standin(), neighbours:
+        with FakeTensorMode(allow_non_fake_inputs=True), _cp_memory_standin(), neighbours, \
+                _dtensor_propagation_untracked():
             for part in trainer.model_parts:
                 part.to_empty(device="cpu")
             buffers = _initialize_pipeline(trainer, *batches[0]) if pipeline else []
@@ -355,8 +374,6 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
                "optimizer_bytes": info["optimizer_bytes"],
                "pipeline_buffer_bytes": buffer_bytes,
                "peak_bytes": total + info["optimizer_bytes"] + buffer_bytes}
-        if plan.layout.tp > 1 and (not pipeline or trainer.has_last_stage):
-            out["note"] = TP_LOSS_NOTE
     except Exception as err:  # an op without a fake kernel is the finding
         text = str(err).strip().splitlines()
         out = {"rank": rank, "error": f"{type(err).__name__}: {text[0] if text else ''}"}
