@@ -43,6 +43,26 @@ REGULARISATION = 0.0005
 """Weight of the pull towards the defaults, per constant, on (log ratio)^2."""
 
 
+def gpu_bounds(gpu_type: str) -> dict[str, tuple[float, float]]:
+    """BOUNDS with each GEMM efficiency capped at the GPU type's measured best large-matmul
+    rate over its peak (catalog.measured), where one is known: a training step's GEMMs
+    cannot beat the best matmul the GPU was measured to sustain. Without the cap the H100
+    fit put FP8 GEMMs at 0.734 of the FP8 peak, above the 0.709 measured (and the 0.679
+    `trainbench probe` measured at the seed shapes on one H100, README "On a GPU"), and
+    carried that excess to every other GPU type."""
+    from ..catalog import hardware, measured
+    out = dict(BOUNDS)
+    gpu, figures = hardware.GPUS.get(gpu_type.lower()), measured.measured_for(gpu_type)
+    if gpu is None or figures is None:
+        return out
+    for dtype, figure in figures.gemm_tflops.items():
+        name, peak = f"gemm_eff_{dtype}", gpu.peak(dtype)
+        if name in out and figure.known and peak:
+            lo, hi = out[name]
+            out[name] = (lo, min(hi, figure.value / peak))
+    return out
+
+
 class CalibrationError(ValueError):
     """Nothing usable to calibrate from; the message says what is missing."""
 
@@ -189,10 +209,11 @@ def fit(runs: list[MeasuredRun], gpu_type: str, *, config: dict | None = None,
     contexts = [make_context(r.plan, sharding=sharding, config=config, constants=base)
                 for r in mine]
     before = _errors(contexts, mine, base)
+    bounds = gpu_bounds(gpu_type)
     current = base
     for _ in range(sweeps):
         for name in names:
-            lo, hi = BOUNDS[name]
+            lo, hi = bounds[name]
             # Search log space for scale constants; overlap fractions may be zero.
             if lo > 0:
                 value = math.exp(_golden(

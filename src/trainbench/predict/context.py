@@ -98,7 +98,7 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     consts = constants or constants_for(plan.gpu_type, config)
     lay = plan.layout
     shape = Shape(mbs=plan.mbs, seq_len=plan.seq_len, tp=lay.tp, cp=lay.cp,
-                  act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype == "fp8",
+                  act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype in ("fp8", "mxfp8"),
                   ep=lay.ep, engine=sharding == ENGINE)
     kinds = {"embedding", "head"} | {k for k, n in plan.model.layer_counts().items()
                                      if n and k != "block"}

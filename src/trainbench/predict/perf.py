@@ -38,6 +38,8 @@ PART_LABELS = {
 COMPUTE_PARTS = ("gemm", "attention", "scan", "memory_bound", "overhead", "recompute",
                  "overlap_slowdown")
 
+# Dtypes whose recipes run the block linears in 8 bits and keep the head in BF16.
+LOW_PRECISION = ("fp8", "mxfp8")
 # Megatron-LM's DDP buckets gradients in groups of about 40M parameters.
 DP_BUCKET_PARAMS = 40e6
 # Adam step per parameter of the local shard: read and write fp32 master weight and two
@@ -87,10 +89,14 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     # Roofline (Williams et al. 2009): FLOPs over the achieved rate, bytes over the achieved
     # bandwidth. GEMMs at the dtype's peak; flash attention and the Mamba-2 scan (Dao & Gu
     # 2024) stay BF16 in the FP8 recipes (Transformer Engine casts only linear layers).
+    # A linear the recipe keeps out of FP8 (the output head) runs at the BF16 peak in an
+    # FP8 plan; until 2026-11-26 it was charged the FP8 peak, which predicted the 8B
+    # proxy's head twice as fast as an H100 ran it (README, "On a GPU").
+    low_precision = plan.dtype in LOW_PRECISION
     gemm = 0.0
     for lin in lw.linears:
-        fp8 = lin.fp8 and plan.dtype == "fp8"
-        peak = dev.peak("fp8" if fp8 else plan.dtype) * 1e12
+        fp8 = lin.fp8 and low_precision
+        peak = dev.peak(plan.dtype if fp8 else "bf16" if low_precision else plan.dtype) * 1e12
         gemm += lin.flops / (peak * gemm_efficiency(c, fp8, lin))
     attention = (lw.attn_flops / (bf16 * attention_efficiency(c, lw.attn_len))
                  if lw.attn_flops else 0.0)
