@@ -25,6 +25,24 @@ def test_dry_run_of_a_seed_row_fits_quietly(tmp_path):
     assert "TP1 PP1 CP2 DP4" in res.stdout
 
 
+@pytest.mark.parametrize("gpu,dtype,compile_setting,noted", [
+    ("h100", "fp8", " compile=false", True),   # eager FP8 on a GPU: said before it runs
+    ("h100", "fp8", "", False),                # compiled blocks, the GPU default
+    ("h100", "bf16", " compile=false", False),  # eager bf16 costs nothing like it
+    ("cpu", "fp8", "", False),                 # an emulation, already flagged: no MFU
+])
+def test_eager_fp8_on_a_gpu_is_noted_in_the_plan(tmp_path, gpu, dtype, compile_setting,
+                                                  noted):
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "tiny", "--scale", "2", "--gpu", gpu,
+                  "--dtype", dtype, "--set", "dp=2" + compile_setting, "--dry-run",
+                  root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    flat = " ".join(res.stdout.split())
+    assert ("FP8 without compiled blocks runs torchao's scaling and casts as separate kernels"
+            in flat) == noted
+    assert not (tmp_path / "experiments").exists()
+
+
 def test_cpu_run_too_big_for_this_machine_is_refused_before_anything_is_written(tmp_path):
     res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "8b", "--scale", "8", "--gpu", "cpu",
                   root=tmp_path)

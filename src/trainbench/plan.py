@@ -307,6 +307,23 @@ def compile_label(plan: Plan) -> str:
     return f"{state} (default on {'GPUs' if by_device else 'CPU'})"
 
 
+# Measured on one H100 (README, "On a GPU"): one Llama 3.1 8B block's linears, forward and
+# backward over 8192 tokens, bf16 22.21 ms eager, torchao tensorwise FP8 49.76 ms eager and
+# 12.18 ms compiled (bench/fp8_linear.py).
+EAGER_FP8_NOTE = ("FP8 without compiled blocks runs torchao's scaling and casts as separate "
+                  "kernels: on one H100 an 8B block's linears ran 2.2x slower than bf16 eager "
+                  "(1.39x faster compiled; README, \"On a GPU\"); drop --set compile=false to "
+                  "measure what FP8 buys")
+
+
+def performance_notes(plan: Plan) -> list[str]:
+    """What a plan's settings are known to cost, said before it runs."""
+    notes = []
+    if plan.device == "cuda" and plan.dtype in ("fp8", "mxfp8") and not plan.compile:
+        notes.append(EAGER_FP8_NOTE)
+    return notes
+
+
 def experiment_name(workload: str, size: str, dtype: str, gpus: int) -> str:
     return f"{workload}_{size}_{dtype}_gpus{gpus}"
 

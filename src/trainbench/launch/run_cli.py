@@ -152,7 +152,7 @@ def submit(out, req, planned, preflight: bool = True) -> None:
 
 
 def print_plan(out, plan) -> None:
-    from ..plan import compile_label
+    from ..plan import compile_label, performance_notes
     lay = plan.layout
     out.print(f"[bold]{plan.name}[/bold]: {plan.model.name}, {plan.dtype}, {plan.gpus} ranks on "
               f"{plan.num_nodes} node(s) of {plan.gpus_per_node} ({plan.gpu_type})")
@@ -161,6 +161,8 @@ def print_plan(out, plan) -> None:
               f"compile {compile_label(plan)}")
     if plan.recipe_note:
         out.print(f"[yellow]note:[/yellow] {plan.recipe_note}")
+    for note in performance_notes(plan):
+        out.print(f"[yellow]note:[/yellow] {note}", highlight=False)
 
 
 def print_rank_layout(out, plan) -> None:
