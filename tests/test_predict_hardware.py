@@ -79,6 +79,47 @@ def test_profile_replaces_catalog_figures_and_halving_gemm_doubles_the_gemm_time
     assert slow.step_time_s > pred.step_time_s
 
 
+def _with_attention(tmp_path, tflops_by_rank: dict[int, float], name="attention.json"):
+    """The made-up profile with a causal-attention figure on every rank (made-up too)."""
+    data = json.loads(PROFILE.read_text())
+    for rank in data["ranks"]:
+        rate = tflops_by_rank.get(rank["rank"], 450.0)
+        rank["attention"] = {"name": "Llama 3.1 8B attention", "seq": 8192, "heads": 32,
+                             "kv_heads": 8, "head_dim": 128, "dtype": "bf16",
+                             "time_s": 6 * 8192 ** 2 * 32 * 128 / rate / 1e12,
+                             "tflops": rate}
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_profile_attention_sets_the_attention_efficiency(tmp_path):
+    """The slowest rank's causal attention (rank 3 here, 400 TFLOPS at seq 8192) becomes
+    attn_eff = 400 / (989 x 8192 / (8192 + attn_half_len)); doubling every rank's rate
+    halves the predicted attention time and leaves the GEMMs; a profile without attention
+    keeps the catalog's and says so; one above the BF16 peak is refused."""
+    plan = build_plan("pretrain_llama3.1", "8b", "bf16", 16, "h100")
+    facts = hp.read_facts(_with_attention(tmp_path, {3: 400.0}))
+    assert facts.attention[:2] == (400.0, 8192) and "rank 3" in facts.attention[2]
+    pred, figures = hp.predict_with_profile(plan, facts, sharding="recipe", config={})
+    half = default_constants("h100").attn_half_len
+    assert pred.constants["attn_eff"] == pytest.approx(400 / (989 * 8192 / (8192 + half)))
+    assert figures["attn_eff"].startswith("measured: hardware profile")
+    fast = hp.read_facts(_with_attention(tmp_path, {r: 800.0 for r in range(16)}, "fast.json"))
+    quick, _ = hp.predict_with_profile(plan, fast, sharding="recipe", config={})
+    assert quick.compute_breakdown["attention"] == pytest.approx(
+        pred.compute_breakdown["attention"] * 400 / 800)
+    assert quick.compute_breakdown["gemm"] == pytest.approx(pred.compute_breakdown["gemm"])
+    plain, plain_figures = hp.predict_with_profile(plan, hp.read_facts(PROFILE),
+                                                   sharding="recipe", config={})
+    assert plain.constants["attn_eff"] == default_constants("h100").attn_eff
+    assert plain_figures["attn_eff"].startswith("not in the profile")
+    too_fast = hp.read_facts(_with_attention(tmp_path, {r: 2000.0 for r in range(16)},
+                                             "bad.json"))
+    with pytest.raises(hp.HardwareProfileError, match="above the .* BF16 peak"):
+        hp.predict_with_profile(plan, too_fast, sharding="recipe", config={})
+
+
 def test_cli_hardware_json_and_bad_profiles(tmp_path):
     args = ["predict", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
             "16", "--format", "json"]

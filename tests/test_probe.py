@@ -47,6 +47,13 @@ def test_probe_writes_a_profile_and_a_plot(probed):
         for g in r["gemm"]:
             # The rate is the GEMM's FLOPs over its best time.
             assert g["tflops"] == pytest.approx(2 * g["m"] * g["k"] * g["n"] / g["time_s"] / 1e12)
+        att = r["attention"]
+        assert {k: att[k] for k in ("seq", "heads", "kv_heads", "head_dim", "dtype")} == {
+            **P.CPU_ATTENTION, "dtype": "fp32"}
+        assert att["backend"] == "flash (CPU, causal)"
+        # Causal forward + backward, predict's count: 6 x s^2 x heads x head_dim.
+        assert att["tflops"] == pytest.approx(
+            6 * 512 ** 2 * 8 * 64 / att["time_s"] / 1e12)
         mem = r["memory"]
         assert mem["counted"] == "read + write" and mem["bytes_moved"] == 2 * mem["buffer_bytes"]
         assert mem["gbs"] == pytest.approx(mem["bytes_moved"] / mem["time_s"] / 1e9)
@@ -60,7 +67,8 @@ def test_probe_writes_a_profile_and_a_plot(probed):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (out_dir / "exit.json").exists() and (out_dir / "probe.log").exists()
     # The table on the terminal: one row per rank, one per collective.
-    for text in ("Per rank", "Collectives", "all_to_all", "send_recv", "copy GB/s"):
+    for text in ("Per rank", "Collectives", "all_to_all", "send_recv", "copy GB/s",
+                 "attention TFLOPS", "seq 512"):
         assert text in res.stdout
 
 

@@ -16,10 +16,17 @@ What a profile (hardware-profile.json, schema 1, written by trainbench.probe) re
   ceil(log2 n), the model's latency per step of a log-depth collective (comm.latency_s).
 - gpus_per_node / nvlink_domain: ranks per node.
 
+- attn_eff: the large-sequence fraction of the BF16 peak causal attention reaches. The
+  probe times forward + backward of the engine's SDPA kernel at Llama 3.1 8B's heads over
+  one 8192-token sequence and counts its FLOPs as the model does (6 s^2 heads head_dim);
+  the model's efficiency at a sequence of L tokens is attn_eff * L / (L + attn_half_len)
+  (perf.attention_efficiency), so attn_eff = TFLOPS / (peak * L / (L + attn_half_len)),
+  on the SLOWEST rank. Profiles from before the probe timed attention keep the catalog's.
+
 Figures the profile lacks (fp8 on a machine without it, one node: no cross-node group)
-keep the catalog's figure and say so. Attention and the Mamba scan stay fractions of the
-BF16 peak (the probe does not time them); HBM stays the catalog's (the model's hbm_eff is
-what small memory-bound kernels reach, not what one large copy reaches).
+keep the catalog's figure and say so. The Mamba scan stays a fraction of the BF16 peak
+(the probe does not time it); HBM stays the catalog's (the model's hbm_eff is what small
+memory-bound kernels reach, not what one large copy reaches).
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ class HardwareFacts:
     intra_node_busbw_gbs: float | None
     network_gbs: float | None
     latency_us: float | None
+    attention: tuple[float, int, str] | None = None
+    """(TFLOPS, sequence length, where: the rank) of the slowest rank's causal attention."""
 
 
 def _load_json(path: Path) -> dict:
@@ -122,6 +131,11 @@ def read_facts(path: str | Path) -> HardwareFacts:
                                  f"rank {r.get('rank')}, {top.get('shape', 'GEMM')}"))
         if per_rank:
             gemm[dtype] = min(per_rank)
+    timed = [(float(a["tflops"]), int(a["seq"]), f"rank {r.get('rank')}, {a.get('name', 'attention')}")
+             for r in ranks for a in [r.get("attention")]
+             if isinstance(a, dict) and _positive(a.get("tflops")) and _positive(a.get("seq"))
+             and a.get("dtype", "bf16") == "bf16"]
+    attention = min(timed) if timed else None
     collectives = data.get("collectives") if isinstance(data.get("collectives"), list) else []
     intra, small_us, n = _slowest_largest(collectives, "node")
     network, _, _ = _slowest_largest(collectives, "cross-node")
@@ -133,7 +147,8 @@ def read_facts(path: str | Path) -> HardwareFacts:
     return HardwareFacts(
         path=str(path), gpu_type=str(machine.get("gpu_type") or "").lower(),
         ranks=len(ranks), nodes=int(nodes) if _positive(nodes) else 1, gemm=gemm,
-        intra_node_busbw_gbs=intra, network_gbs=network, latency_us=latency)
+        intra_node_busbw_gbs=intra, network_gbs=network, latency_us=latency,
+        attention=attention)
 
 
 def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
@@ -165,6 +180,18 @@ def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
         eff = tflops / (device.peak(dtype) * falloff)
         const_values[f"gemm_eff_{dtype}"] = eff
         labels[f"gemm_eff_{dtype}"] = f"{src} ({tflops:.4g} TFLOPS, {where})"
+    if facts.attention is None:
+        labels["attn_eff"] = "not in the profile: catalog constants"
+    else:
+        tflops, seq, where = facts.attention
+        if tflops > device.peak("bf16"):
+            raise HardwareProfileError(
+                f"--hardware {facts.path}: attention {tflops:.4g} TFLOPS ({where}) is above "
+                f"the {device.name}'s {device.peak('bf16'):g} TFLOPS BF16 peak; the profile is "
+                "from another device or corrupt; re-run `trainbench probe`")
+        const_values["attn_eff"] = tflops / (
+            device.peak("bf16") * seq / (seq + constants.attn_half_len))
+        labels["attn_eff"] = f"{src} ({tflops:.4g} TFLOPS causal attention at seq {seq}, {where})"
     for name, value in (("intra_node_busbw_gbs", facts.intra_node_busbw_gbs),
                         ("network_gbs", facts.network_gbs),
                         ("collective_latency_us", facts.latency_us)):

@@ -158,6 +158,30 @@ def gemm_shapes(device: str) -> list[dict]:
     return shapes
 
 
+# Causal attention at Llama 3.1 8B's heads (32 query, 8 KV, 128 wide) over one 8192-token
+# sequence, the seed workloads' attention kernel; on a CPU a scaled one (seconds, not
+# minutes), in fp32 (a CPU without native bf16 runs bf16 attention as an emulation).
+CPU_ATTENTION = {"seq": 512, "heads": 8, "kv_heads": 2, "head_dim": 64}
+
+
+def attention_shape(device: str) -> dict:
+    """{name, seq, heads, kv_heads, head_dim, dtype} of the attention the probe times."""
+    from ..catalog.models import MODELS
+    spec = MODELS[("pretrain_llama3.1", "8b")]
+    if device == "cpu":
+        return {"name": f"{spec.name} attention (scaled)", **CPU_ATTENTION, "dtype": "fp32"}
+    return {"name": f"{spec.name} attention", "seq": TOKENS, "heads": spec.heads,
+            "kv_heads": spec.kv_heads, "head_dim": spec.head_dim, "dtype": "bf16"}
+
+
+def attention_flops(shape: dict) -> float:
+    """Causal attention, forward and backward, one sequence: 6 x s^2 x heads x head_dim
+    (QK^T and AV, 2 FLOPs a multiply-add, half the scores under the causal mask, the
+    backward twice the forward): the count predict's model charges attention
+    (flops.attention_layer_flops_causal's score term)."""
+    return 6.0 * shape["seq"] ** 2 * shape["heads"] * shape["head_dim"]
+
+
 def share_of_peak(gpu_type: str, dtype: str, tflops: float) -> str | None:
     """A measured GEMM rate against the catalog's dense peak for the GPU type ('80.4% of
     989'), flagged when above it (the GPU is not what --gpu says); None where the catalog

@@ -8,6 +8,18 @@ from pathlib import Path
 from .profile import COLLECTIVES, fmt_bytes, share_of_peak
 
 
+def _attention_cell(gpu_type: str, rank: dict) -> str:
+    """'412.3 (41.7% of 989), seq 8192' or 'n/a' (a profile from before attention was
+    timed, or an error)."""
+    from rich.markup import escape
+    a = rank.get("attention") or {}
+    if not a.get("tflops"):
+        return "n/a"
+    share = share_of_peak(gpu_type, a.get("dtype", "bf16"), a["tflops"])
+    return (f"{a['tflops']:.4g}" + (f" ({escape(share)})" if share else "")
+            + f", seq {a['seq']}")
+
+
 def print_profile(out, profile: dict, where: Path | None = None) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -18,9 +30,10 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
               f"torch {escape(str(m['torch']))}, {m['backend']}", highlight=False)
 
     dtypes = profile["settings"]["dtypes"]
-    ranks = Table(title="Per rank: best GEMM TFLOPS over the seed shapes, memory bandwidth")
+    ranks = Table(title="Per rank: best GEMM TFLOPS over the seed shapes, causal attention "
+                  "(forward + backward), memory bandwidth")
     for col in ("rank", "host", "local", "device", *(f"{d} TFLOPS" for d in dtypes),
-                "copy GB/s (read+write)", "health"):
+                "attention TFLOPS", "copy GB/s (read+write)", "health"):
         ranks.add_column(col)
     slow = {f["rank"]: f for f in profile["verdict"]["findings"] if f["kind"] == "rank"}
     for r in profile["ranks"]:
@@ -33,7 +46,8 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
         health = (f"[red]slow: {slow[r['rank']]['below_pct']:.0f}% below peers[/red]"
                   if r["rank"] in slow else "ok")
         ranks.add_row(str(r["rank"]), escape(r["host"]), str(r["local_rank"]),
-                      escape(r["device"]), *best, f"{r['memory']['gbs']:.3g}", health)
+                      escape(r["device"]), *best, _attention_cell(m["gpu_type"], r),
+                      f"{r['memory']['gbs']:.3g}", health)
     out.print(ranks)
 
     if profile["collectives"]:

@@ -129,6 +129,46 @@ class Rank:
         c = torch.empty(m, n, device=self.device, dtype=dtype)
         return lambda: torch.mm(a, w.t(), out=c)
 
+    def attention(self) -> dict | None:
+        """Causal scaled-dot-product attention, forward and backward, through the kernel
+        the engine's attention gets (F.scaled_dot_product_attention, grouped KV heads, the
+        engine's backend order): best of GEMM_REPEATS after a warm-up. None for a plan
+        from before the probe timed attention."""
+        shape = self.plan.get("attention")
+        if not shape:
+            return None
+        torch = self.torch
+        import torch.nn.functional as F
+
+        from ..engine import sdpa
+        sdpa.use_engine_order(self.device.type)
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[shape["dtype"]]
+        s, n, g, d = shape["seq"], shape["heads"], shape["kv_heads"], shape["head_dim"]
+        gen = torch.Generator(device=self.device).manual_seed(4321 + self.rank)
+
+        def make(heads: int):
+            return torch.randn(1, heads, s, d, device=self.device, generator=gen,
+                               dtype=dtype).requires_grad_()
+        q, k, v = make(n), make(g), make(g)
+        grad = torch.randn(1, n, s, d, device=self.device, generator=gen, dtype=dtype)
+
+        def step():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n != g)
+            q.grad = k.grad = v.grad = None
+            out.backward(grad)
+        self.dist.barrier()
+        entry = {**shape, "backend": sdpa.chosen_backend(self.device, dtype, n, g, d, s)}
+        try:
+            step()  # warm-up: kernel selection
+            best = min(self._timed(step, 1) for _ in range(GEMM_REPEATS))
+            entry.update(time_s=best, tflops=P.attention_flops(shape) / best / 1e12)
+        except (RuntimeError, TypeError, NotImplementedError) as err:
+            entry.update(time_s=None, tflops=None, error=" ".join(str(err).split())[:200])
+        del q, k, v, grad
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return entry
+
     def memory(self) -> dict:
         """A device-to-device (CPU: RAM-to-RAM) copy of one large buffer; every byte is
         read once and written once, so the figure counts 2 x the buffer."""
@@ -248,12 +288,16 @@ def run(plan_path: Path) -> int:
     rank.say(f"{rank.world} ranks, {rank.device_name}; GEMMs in "
              f"{', '.join(plan['dtypes'])}")
     gemm = rank.gemms()
+    rank.say("causal attention, forward and backward")
+    attention = rank.attention()
     rank.say("memory bandwidth (a large copy)")
     memory = rank.memory()
     record = {"rank": rank.rank, "host": rank.host, "node": rank.node,
               "local_rank": rank.local_rank, "device": rank.device_name,
               "threads": torch.get_num_threads() if not rank.cuda else None,
               "gemm": gemm, "memory": memory}
+    if attention is not None:
+        record["attention"] = attention
     if rank.speed < 1.0:
         record["slowed_by_test_hook"] = rank.speed
     records: list = [None] * rank.world
@@ -281,8 +325,10 @@ def run(plan_path: Path) -> int:
             "settings": {
                 "dtypes": plan["dtypes"], "sizes": plan["sizes"],
                 "gemm_shapes": plan["gemm_shapes"], "memory_bytes": plan["memory_bytes"],
+                "attention": plan.get("attention"),
                 "collective_dtype": "float32",
-                "timing": ("GEMM and copy: best of %d after a warm-up, synchronised; "
+                "timing": ("GEMM, attention and copy: best of %d after a warm-up, "
+                           "synchronised; "
                            "collectives: mean over timed calls after warm-up, the slowest "
                            "rank of the group" % GEMM_REPEATS),
                 "bus_bandwidth": "nccl-tests: all_reduce x 2(n-1)/n; all_gather, "
