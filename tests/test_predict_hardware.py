@@ -120,6 +120,36 @@ def test_profile_attention_sets_the_attention_efficiency(tmp_path):
         hp.predict_with_profile(plan, too_fast, sharding="recipe", config={})
 
 
+def test_profile_scan_sets_the_scan_efficiency(tmp_path):
+    """The slowest rank's Mamba-2 scan (made-up: rank 2 at 98.9 TFLOPS, a tenth of the
+    BF16 peak) replaces scan_eff, the constant only Nemotron-H informs; doubling every
+    rank's rate halves the predicted scan time; above the peak it is refused."""
+    def with_scan(rates: dict[int, float], name: str):
+        data = json.loads(PROFILE.read_text())
+        for rank in data["ranks"]:
+            rank["scan"] = {"name": "Nemotron-H 56B SSD scan (one TP8 rank)", "dtype": "bf16",
+                            "implementation": "mamba_ssm Triton kernel",
+                            "tflops": rates.get(rank["rank"], 150.0)}
+        path = tmp_path / name
+        path.write_text(json.dumps(data))
+        return hp.read_facts(path)
+    plan = build_plan("pretrain_nemotronh", "56b", "fp8", 32, "h100")
+    facts = with_scan({2: 98.9}, "scan.json")
+    assert facts.scan[0] == 98.9 and "rank 2" in facts.scan[1]
+    pred, figures = hp.predict_with_profile(plan, facts, sharding="recipe", config={})
+    assert pred.constants["scan_eff"] == pytest.approx(0.1)
+    assert figures["scan_eff"].startswith("measured: hardware profile")
+    fast = with_scan({r: 197.8 for r in range(16)}, "fast.json")
+    quick, _ = hp.predict_with_profile(plan, fast, sharding="recipe", config={})
+    assert quick.compute_breakdown["scan"] == pytest.approx(pred.compute_breakdown["scan"] / 2)
+    _, plain = hp.predict_with_profile(plan, hp.read_facts(PROFILE), sharding="recipe",
+                                       config={})
+    assert plain["scan_eff"].startswith("not in the profile")
+    with pytest.raises(hp.HardwareProfileError, match="scan .* above the .* BF16 peak"):
+        hp.predict_with_profile(plan, with_scan({r: 2000.0 for r in range(16)}, "bad.json"),
+                                sharding="recipe", config={})
+
+
 def test_cli_hardware_json_and_bad_profiles(tmp_path):
     args = ["predict", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
             "16", "--format", "json"]

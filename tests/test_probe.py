@@ -54,6 +54,12 @@ def test_probe_writes_a_profile_and_a_plot(probed):
         # Causal forward + backward, predict's count: 6 x s^2 x heads x head_dim.
         assert att["tflops"] == pytest.approx(
             6 * 512 ** 2 * 8 * 64 / att["time_s"] / 1e12)
+        scan = r["scan"]
+        assert {k: scan[k] for k in P.CPU_SCAN} == P.CPU_SCAN and scan["dtype"] == "fp32"
+        assert scan["implementation"] == "plain-PyTorch chunked SSD (the engine's)"
+        # predict's scan count: 6 x s x heads x (Q/2 (N + P) + 2 N P).
+        assert scan["tflops"] == pytest.approx(
+            6 * 512 * 4 * (32 / 2 * (16 + 16) + 2 * 16 * 16) / scan["time_s"] / 1e12)
         mem = r["memory"]
         assert mem["counted"] == "read + write" and mem["bytes_moved"] == 2 * mem["buffer_bytes"]
         assert mem["gbs"] == pytest.approx(mem["bytes_moved"] / mem["time_s"] / 1e9)
@@ -68,7 +74,7 @@ def test_probe_writes_a_profile_and_a_plot(probed):
     assert (out_dir / "exit.json").exists() and (out_dir / "probe.log").exists()
     # The table on the terminal: one row per rank, one per collective.
     for text in ("Per rank", "Collectives", "all_to_all", "send_recv", "copy GB/s",
-                 "attention TFLOPS", "seq 512"):
+                 "attention TFLOPS", "scan TFLOPS", "seq 512"):
         assert text in res.stdout
 
 

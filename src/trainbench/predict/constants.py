@@ -45,9 +45,10 @@ class Constants:
     chunk-sized (Q x Q x head_dim, head_dim 64), and the GEMM fall-off of this model at
     d = 64 gives 0.70 * 64 / (64 + 90) = 0.29 of peak, three times the 0.09 the published
     step times imply; the gap is the scan's elementwise work (exp, cumsum, the fp32 chunk
-    states), which no FLOP count here captures. What replaces it: a scan kernel timed by
-    `trainbench probe` (the Mamba-2 SSD forward + backward at the recipe's chunk and head
-    sizes), read by predict --hardware like the GEMM figures. Until then the README and
+    states), which no FLOP count here captures. What replaces it on a user's machines: the scan
+    `trainbench probe` times (the engine's Mamba-2 SSD forward + backward at one TP8 rank
+    of Nemotron-H 56B: 32 heads of 64, state 256, chunks of 128, 8192 tokens), which
+    predict --hardware reads like the GEMM figures. Without a profile the README and
     bench/predict_accuracy.py report Nemotron-H's leave-one-workload-out error with it."""
     hbm_eff: float = 0.45
     """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, casts) reach."""

@@ -23,10 +23,13 @@ What a profile (hardware-profile.json, schema 1, written by trainbench.probe) re
   (perf.attention_efficiency), so attn_eff = TFLOPS / (peak * L / (L + attn_half_len)),
   on the SLOWEST rank. Profiles from before the probe timed attention keep the catalog's.
 
+- scan_eff: the fraction of the BF16 peak the Mamba-2 SSD scan reaches, from the slowest
+  rank's timed scan (forward + backward at one TP8 rank of Nemotron-H 56B, counted as the
+  model counts it), in place of the one constant a single workload informs.
+
 Figures the profile lacks (fp8 on a machine without it, one node: no cross-node group)
-keep the catalog's figure and say so. The Mamba scan stays a fraction of the BF16 peak
-(the probe does not time it); HBM stays the catalog's (the model's hbm_eff is what small
-memory-bound kernels reach, not what one large copy reaches).
+keep the catalog's figure and say so. HBM stays the catalog's (the model's hbm_eff is
+what small memory-bound kernels reach, not what one large copy reaches).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ class HardwareFacts:
     latency_us: float | None
     attention: tuple[float, int, str] | None = None
     """(TFLOPS, sequence length, where: the rank) of the slowest rank's causal attention."""
+    scan: tuple[float, str] | None = None
+    """(TFLOPS, where: the rank) of the slowest rank's Mamba-2 scan."""
 
 
 def _load_json(path: Path) -> dict:
@@ -136,6 +141,12 @@ def read_facts(path: str | Path) -> HardwareFacts:
              if isinstance(a, dict) and _positive(a.get("tflops")) and _positive(a.get("seq"))
              and a.get("dtype", "bf16") == "bf16"]
     attention = min(timed) if timed else None
+    scans = [(float(a["tflops"]), f"rank {r.get('rank')}, {a.get('name', 'SSD scan')}, "
+              f"{a.get('implementation', '')}".rstrip(", "))
+             for r in ranks for a in [r.get("scan")]
+             if isinstance(a, dict) and _positive(a.get("tflops"))
+             and a.get("dtype", "bf16") == "bf16"]
+    scan = min(scans) if scans else None
     collectives = data.get("collectives") if isinstance(data.get("collectives"), list) else []
     intra, small_us, n = _slowest_largest(collectives, "node")
     network, _, _ = _slowest_largest(collectives, "cross-node")
@@ -148,7 +159,7 @@ def read_facts(path: str | Path) -> HardwareFacts:
         path=str(path), gpu_type=str(machine.get("gpu_type") or "").lower(),
         ranks=len(ranks), nodes=int(nodes) if _positive(nodes) else 1, gemm=gemm,
         intra_node_busbw_gbs=intra, network_gbs=network, latency_us=latency,
-        attention=attention)
+        attention=attention, scan=scan)
 
 
 def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
@@ -192,6 +203,17 @@ def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
         const_values["attn_eff"] = tflops / (
             device.peak("bf16") * seq / (seq + constants.attn_half_len))
         labels["attn_eff"] = f"{src} ({tflops:.4g} TFLOPS causal attention at seq {seq}, {where})"
+    if facts.scan is None:
+        labels["scan_eff"] = "not in the profile: catalog constants"
+    else:
+        tflops, where = facts.scan
+        if tflops > device.peak("bf16"):
+            raise HardwareProfileError(
+                f"--hardware {facts.path}: Mamba-2 scan {tflops:.4g} TFLOPS ({where}) is above "
+                f"the {device.name}'s {device.peak('bf16'):g} TFLOPS BF16 peak; the profile is "
+                "from another device or corrupt; re-run `trainbench probe`")
+        const_values["scan_eff"] = tflops / device.peak("bf16")
+        labels["scan_eff"] = f"{src} ({tflops:.4g} TFLOPS Mamba-2 scan, {where})"
     for name, value in (("intra_node_busbw_gbs", facts.intra_node_busbw_gbs),
                         ("network_gbs", facts.network_gbs),
                         ("collective_latency_us", facts.latency_us)):

@@ -182,6 +182,32 @@ def attention_flops(shape: dict) -> float:
     return 6.0 * shape["seq"] ** 2 * shape["heads"] * shape["head_dim"]
 
 
+# The Mamba-2 SSD scan of one TP8 rank of Nemotron-H 56B (its seed layout): 32 of the 256
+# heads of 64, one of the 8 groups of B and C (state 256), chunks of 128, over one
+# 8192-token sequence; on a CPU a scaled one in fp32.
+CPU_SCAN = {"seq": 512, "heads": 4, "head_dim": 16, "state": 16, "groups": 1, "chunk": 32}
+SCAN_TP = 8
+
+
+def scan_shape(device: str) -> dict:
+    """{name, seq, heads, head_dim, state, groups, chunk, dtype} of the scan the probe times."""
+    from ..catalog.models import MODELS
+    spec = MODELS[("pretrain_nemotronh", "56b")]
+    if device == "cpu":
+        return {"name": f"{spec.name} SSD scan (scaled)", **CPU_SCAN, "dtype": "fp32"}
+    return {"name": f"{spec.name} SSD scan (one TP{SCAN_TP} rank)", "seq": TOKENS,
+            "heads": spec.mamba_heads // SCAN_TP, "head_dim": spec.mamba_head_dim,
+            "state": spec.mamba_state, "groups": max(1, spec.mamba_groups // SCAN_TP),
+            "chunk": spec.mamba_chunk, "dtype": "bf16"}
+
+
+def scan_flops(shape: dict) -> float:
+    """The chunked SSD scan, forward and backward, one sequence, as predict counts it
+    (flops.mamba_layer_flops's scan term): 6 x s x heads x (Q/2 (N + P) + 2 N P)."""
+    q, n, p = shape["chunk"], shape["state"], shape["head_dim"]
+    return 6.0 * shape["seq"] * shape["heads"] * (q / 2 * (n + p) + 2 * n * p)
+
+
 def share_of_peak(gpu_type: str, dtype: str, tflops: float) -> str | None:
     """A measured GEMM rate against the catalog's dense peak for the GPU type ('80.4% of
     989'), flagged when above it (the GPU is not what --gpu says); None where the catalog

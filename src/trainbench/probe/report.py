@@ -8,11 +8,11 @@ from pathlib import Path
 from .profile import COLLECTIVES, fmt_bytes, share_of_peak
 
 
-def _attention_cell(gpu_type: str, rank: dict) -> str:
-    """'412.3 (41.7% of 989), seq 8192' or 'n/a' (a profile from before attention was
-    timed, or an error)."""
+def _kernel_cell(gpu_type: str, rank: dict, kernel: str) -> str:
+    """'412.3 (41.7% of 989), seq 8192' for a rank's attention or scan, or 'n/a' (a
+    profile from before the probe timed it, or an error)."""
     from rich.markup import escape
-    a = rank.get("attention") or {}
+    a = rank.get(kernel) or {}
     if not a.get("tflops"):
         return "n/a"
     share = share_of_peak(gpu_type, a.get("dtype", "bf16"), a["tflops"])
@@ -31,9 +31,9 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
 
     dtypes = profile["settings"]["dtypes"]
     ranks = Table(title="Per rank: best GEMM TFLOPS over the seed shapes, causal attention "
-                  "(forward + backward), memory bandwidth")
+                  "and the Mamba-2 scan (forward + backward), memory bandwidth")
     for col in ("rank", "host", "local", "device", *(f"{d} TFLOPS" for d in dtypes),
-                "attention TFLOPS", "copy GB/s (read+write)", "health"):
+                "attention TFLOPS", "scan TFLOPS", "copy GB/s (read+write)", "health"):
         ranks.add_column(col)
     slow = {f["rank"]: f for f in profile["verdict"]["findings"] if f["kind"] == "rank"}
     for r in profile["ranks"]:
@@ -46,7 +46,8 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
         health = (f"[red]slow: {slow[r['rank']]['below_pct']:.0f}% below peers[/red]"
                   if r["rank"] in slow else "ok")
         ranks.add_row(str(r["rank"]), escape(r["host"]), str(r["local_rank"]),
-                      escape(r["device"]), *best, _attention_cell(m["gpu_type"], r),
+                      escape(r["device"]), *best, _kernel_cell(m["gpu_type"], r, "attention"),
+                      _kernel_cell(m["gpu_type"], r, "scan"),
                       f"{r['memory']['gbs']:.3g}", health)
     out.print(ranks)
 

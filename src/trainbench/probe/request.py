@@ -159,7 +159,7 @@ def plan_probe(req: ProbeRequest) -> PlannedProbe:
     plan = {"schema": P.SCHEMA, "name": name, "gpu_type": gpu_type, "device": device,
             "scale": req.scale, "nodes": nodes, "ranks_per_node": per_node,
             "dtypes": dtypes, "gemm_shapes": P.gemm_shapes(device), "sizes": sizes,
-            "attention": P.attention_shape(device),
+            "attention": P.attention_shape(device), "scan": P.scan_shape(device),
             "memory_bytes": CPU_COPY_BYTES if device == "cpu" else GPU_COPY_BYTES}
     root = req.root
     if root is None:

@@ -169,6 +169,52 @@ class Rank:
             torch.cuda.empty_cache()
         return entry
 
+    def scan(self) -> dict | None:
+        """The engine's Mamba-2 scan (SSMCore: mamba_ssm's Triton kernel where it is
+        installed on a GPU, else the plain-PyTorch chunked form the engine falls back
+        to), forward and backward: best of GEMM_REPEATS after a warm-up. None for a plan
+        from before the probe timed the scan."""
+        shape = self.plan.get("scan")
+        if not shape:
+            return None
+        torch = self.torch
+
+        from ..engine.models import mamba2
+        dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[shape["dtype"]]
+        s, h, p, n, g = (shape[k] for k in ("seq", "heads", "head_dim", "state", "groups"))
+        gen = torch.Generator(device=self.device).manual_seed(5678 + self.rank)
+        core = mamba2.SSMCore(h).to(self.device)
+        with torch.no_grad():  # Mamba-2's initialisation ranges (engine/models/mamba2.py)
+            core.A_log.uniform_(*mamba2.A_INIT_RANGE, generator=gen).log_()
+            core.dt_bias.fill_(-4.0)  # softplus(-4) ~ 0.018, inside [1e-3, 0.1]
+            core.D.fill_(1.0)
+
+        def make(*dims, scale=1.0):
+            return (scale * torch.randn(1, s, *dims, device=self.device, generator=gen)
+                    ).to(dtype).requires_grad_()
+        x, dt, b, c = make(h, p), make(h), make(g, n, scale=0.1), make(g, n, scale=0.1)
+        grad = torch.randn(1, s, h, p, device=self.device, generator=gen).to(dtype)
+        kernel = bool(self.cuda and mamba2.mamba_chunk_scan_combined is not None)
+
+        def step():
+            out = core(x, dt, b, c, shape["chunk"])
+            for t in (x, dt, b, c):
+                t.grad = None
+            out.backward(grad)
+        self.dist.barrier()
+        entry = {**shape, "implementation": ("mamba_ssm Triton kernel" if kernel
+                                             else "plain-PyTorch chunked SSD (the engine's)")}
+        try:
+            step()  # warm-up: Triton's compilation where the kernel runs
+            best = min(self._timed(step, 1) for _ in range(GEMM_REPEATS))
+            entry.update(time_s=best, tflops=P.scan_flops(shape) / best / 1e12)
+        except (RuntimeError, TypeError, NotImplementedError) as err:
+            entry.update(time_s=None, tflops=None, error=" ".join(str(err).split())[:200])
+        del x, dt, b, c, grad, core
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return entry
+
     def memory(self) -> dict:
         """A device-to-device (CPU: RAM-to-RAM) copy of one large buffer; every byte is
         read once and written once, so the figure counts 2 x the buffer."""
@@ -290,6 +336,8 @@ def run(plan_path: Path) -> int:
     gemm = rank.gemms()
     rank.say("causal attention, forward and backward")
     attention = rank.attention()
+    rank.say("the Mamba-2 SSD scan, forward and backward")
+    scan = rank.scan()
     rank.say("memory bandwidth (a large copy)")
     memory = rank.memory()
     record = {"rank": rank.rank, "host": rank.host, "node": rank.node,
@@ -298,6 +346,8 @@ def run(plan_path: Path) -> int:
               "gemm": gemm, "memory": memory}
     if attention is not None:
         record["attention"] = attention
+    if scan is not None:
+        record["scan"] = scan
     if rank.speed < 1.0:
         record["slowed_by_test_hook"] = rank.speed
     records: list = [None] * rank.world
@@ -325,9 +375,9 @@ def run(plan_path: Path) -> int:
             "settings": {
                 "dtypes": plan["dtypes"], "sizes": plan["sizes"],
                 "gemm_shapes": plan["gemm_shapes"], "memory_bytes": plan["memory_bytes"],
-                "attention": plan.get("attention"),
+                "attention": plan.get("attention"), "scan": plan.get("scan"),
                 "collective_dtype": "float32",
-                "timing": ("GEMM, attention and copy: best of %d after a warm-up, "
+                "timing": ("GEMM, attention, scan and copy: best of %d after a warm-up, "
                            "synchronised; "
                            "collectives: mean over timed calls after warm-up, the slowest "
                            "rank of the group" % GEMM_REPEATS),
