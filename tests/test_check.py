@@ -336,6 +336,30 @@ def test_pipeline_ranks_trace_the_whole_schedule_and_its_receive_buffers():
 
 
 @pytest.mark.slow
+def test_first_and_last_rank_of_a_tp_pp_row_trace_in_one_process():
+    """Llama 3.1 70B's seed layout (TP4 PP4 CP2 DP2 VP5) cut to 20 layers, 8 microbatches:
+    rank 0, then the last rank, traced one after the other in one process, as `check`
+    and bench/check_all_rows.py do. Before two fixes the last rank could not be traced:
+    its stage's loss ran outside the trainer's loss context (vocabulary-parallel under
+    TP: 'mixed torch.Tensor and DTensor'), and DTensor's native dispatch cache handed it
+    rank 0's mesh, whose process group was gone ('Could not resolve the process group').
+    Both ranks' traced peaks are within 10% of predict's tensors."""
+    from trainbench.check.build import trace_rank
+    from trainbench.check.cli import predicted_for_rank
+    plan = build_plan("pretrain_llama3.1", "70b", "bf16", 64, "h100",
+                      overrides={"layers": 20, "gbs": 16})
+    assert (plan.layout.tp, plan.layout.pp, plan.layout.vp, plan.ga) == (4, 4, 5, 8)
+    for rank, pp_rank in ((0, 0), (63, 3)):
+        traced = trace_rank(plan, rank)
+        assert traced["error"] is None, (rank, traced["error"])
+        assert traced["microbatches"] == 8
+        pred = predicted_for_rank(plan, pp_rank, None)
+        tensors = pred["total"] - pred["allowance"]
+        assert abs(tensors - traced["peak_bytes"]) <= 0.10 * traced["peak_bytes"], \
+            (rank, tensors / 2**30, traced["peak_bytes"] / 2**30)
+
+
+@pytest.mark.slow
 def test_trace_of_a_tp_rank_agrees_with_its_build():
     """Nemotron-4 15B's TP2 x DP8 layout cut to 2 layers, two microbatches per rank: the
     tracker's sharded parameters are the build's fp32 master bytes, and the bf16 copies

@@ -103,10 +103,33 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
     return info
 
 
+def _forget_dtensor_caches() -> None:
+    """Clear DTensor's sharding and redistribution caches before a rank is built.
+
+    They are keyed by specs whose meshes compare equal across process-group lifetimes
+    (same shape, ranks and names), so after one rank's group is destroyed and the next
+    rank's made, a cache hit handed back the old mesh and its collectives asked for a
+    process group that no longer exists (`Could not resolve the process group registered
+    under the name 81`, tracing the last rank of a TP x PP row after its rank 0)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import _redistribute
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for cache in (getattr(propagator, "propagate_op_sharding", None),
+                  getattr(_redistribute, "_gen_transform_infos", None)):
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+    for clear in (getattr(_redistribute, "clear_redistribute_planner_cache", None),
+                  # The C++ dispatch fast path's own cache (torch >= 2.10).
+                  getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)):
+        if clear is not None:
+            clear()
+
+
 def build_rank(plan: Plan, rank: int):
     """Initialise a fake process group as `rank` and build its model with the engine's
     Trainer, left on the meta device. Returns the Trainer; the caller destroys the group."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
+    _forget_dtensor_caches()
 
     from ..engine.parallel.mesh import ParallelDims
     from ..engine.trainer import Trainer
@@ -205,7 +228,11 @@ def _initialize_pipeline(trainer, inputs: torch.Tensor, labels: torch.Tensor) ->
     initialize = getattr(schedule, "_initialize_stages", None) or schedule._initialize_stage
     # Eager, as the traced step itself runs (dynamo does not compile under the tracker's
     # dispatch mode); compiled here, inductor's kernels would run on fake tensors.
-    with torch.compiler.set_stance("force_eager"):
+    # Inside the trainer's loss context, as its pipeline_step runs the schedule: under TP
+    # the last stage's loss is vocabulary-parallel (loss_parallel), and outside it the
+    # set-up's loss failed on every last rank of a TP x PP row ("mixed torch.Tensor and
+    # DTensor").
+    with torch.compiler.set_stance("force_eager"), trainer.loss_context():
         initialize(args, {"positions": positions}, target)
     buffers = []
     for stage in _stages(schedule):
