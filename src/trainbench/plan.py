@@ -319,7 +319,7 @@ EAGER_FP8_NOTE = ("FP8 without compiled blocks runs torchao's scaling and casts 
 def performance_notes(plan: Plan) -> list[str]:
     """What a plan's settings are known to cost, said before it runs."""
     notes = []
-    if plan.device == "cuda" and plan.dtype in ("fp8", "mxfp8") and not plan.compile:
+    if plan.device == "cuda" and plan.dtype in FP8_DTYPES and not plan.compile:
         notes.append(EAGER_FP8_NOTE)
     return notes
 

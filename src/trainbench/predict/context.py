@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..catalog import recipes
-from ..plan import Plan
+from ..plan import FP8_DTYPES, Plan
 from .comm import Groups, groups_for
 from .constants import Constants, constants_for
 from .device import Device, device_for
@@ -98,7 +98,7 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     consts = constants or constants_for(plan.gpu_type, config)
     lay = plan.layout
     shape = Shape(mbs=plan.mbs, seq_len=plan.seq_len, tp=lay.tp, cp=lay.cp,
-                  act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype in ("fp8", "mxfp8"),
+                  act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype in FP8_DTYPES,
                   ep=lay.ep, engine=sharding == ENGINE)
     kinds = {"embedding", "head"} | {k for k, n in plan.model.layer_counts().items()
                                      if n and k != "block"}

@@ -191,29 +191,29 @@ def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
         eff = tflops / (device.peak(dtype) * falloff)
         const_values[f"gemm_eff_{dtype}"] = eff
         labels[f"gemm_eff_{dtype}"] = f"{src} ({tflops:.4g} TFLOPS, {where})"
-    if facts.attention is None:
-        labels["attn_eff"] = "not in the profile: catalog constants"
-    else:
+    # Attention and the scan run in BF16 in every recipe: each measured rate is a share
+    # of the BF16 peak, attention's with its sequence fall-off L / (L + half) divided out.
+    kernels = {"attn_eff": None, "scan_eff": None}
+    if facts.attention is not None:
         tflops, seq, where = facts.attention
-        if tflops > device.peak("bf16"):
-            raise HardwareProfileError(
-                f"--hardware {facts.path}: attention {tflops:.4g} TFLOPS ({where}) is above "
-                f"the {device.name}'s {device.peak('bf16'):g} TFLOPS BF16 peak; the profile is "
-                "from another device or corrupt; re-run `trainbench probe`")
-        const_values["attn_eff"] = tflops / (
-            device.peak("bf16") * seq / (seq + constants.attn_half_len))
-        labels["attn_eff"] = f"{src} ({tflops:.4g} TFLOPS causal attention at seq {seq}, {where})"
-    if facts.scan is None:
-        labels["scan_eff"] = "not in the profile: catalog constants"
-    else:
+        kernels["attn_eff"] = ("causal attention", tflops, f"at seq {seq}, {where}",
+                               seq / (seq + constants.attn_half_len))
+    if facts.scan is not None:
         tflops, where = facts.scan
-        if tflops > device.peak("bf16"):
+        kernels["scan_eff"] = ("Mamba-2 scan", tflops, where, 1.0)
+    bf16_peak = device.peak("bf16")
+    for name, measured in kernels.items():
+        if measured is None:
+            labels[name] = "not in the profile: catalog constants"
+            continue
+        what, tflops, where, falloff = measured
+        if tflops > bf16_peak:
             raise HardwareProfileError(
-                f"--hardware {facts.path}: Mamba-2 scan {tflops:.4g} TFLOPS ({where}) is above "
-                f"the {device.name}'s {device.peak('bf16'):g} TFLOPS BF16 peak; the profile is "
-                "from another device or corrupt; re-run `trainbench probe`")
-        const_values["scan_eff"] = tflops / device.peak("bf16")
-        labels["scan_eff"] = f"{src} ({tflops:.4g} TFLOPS Mamba-2 scan, {where})"
+                f"--hardware {facts.path}: {what} {tflops:.4g} TFLOPS ({where}) is above the "
+                f"{device.name}'s {bf16_peak:g} TFLOPS BF16 peak; the profile is from another "
+                "device or corrupt; re-run `trainbench probe`")
+        const_values[name] = tflops / (bf16_peak * falloff)
+        labels[name] = f"{src} ({tflops:.4g} TFLOPS {what}, {where})"
     for name, value in (("intra_node_busbw_gbs", facts.intra_node_busbw_gbs),
                         ("network_gbs", facts.network_gbs),
                         ("collective_latency_us", facts.latency_us)):

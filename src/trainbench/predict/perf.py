@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from .. import flops as fl
 from .. import metrics
-from ..plan import Plan
+from ..plan import FP8_DTYPES, Plan
 from .comm import (all_gather_s, all_reduce_s, all_to_all_s, crosses_domains, p2p_s,
                    reduce_scatter_s, ring_latency_s)
 from .constants import Constants
@@ -38,8 +38,6 @@ PART_LABELS = {
 COMPUTE_PARTS = ("gemm", "attention", "scan", "memory_bound", "overhead", "recompute",
                  "overlap_slowdown")
 
-# Dtypes whose recipes run the block linears in 8 bits and keep the head in BF16.
-LOW_PRECISION = ("fp8", "mxfp8")
 # Megatron-LM's DDP buckets gradients in groups of about 40M parameters.
 DP_BUCKET_PARAMS = 40e6
 # Adam step per parameter of the local shard: read and write fp32 master weight and two
@@ -92,11 +90,11 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     # A linear the recipe keeps out of FP8 (the output head) runs at the BF16 peak in an
     # FP8 plan; until 2026-11-26 it was charged the FP8 peak, which predicted the 8B
     # proxy's head twice as fast as an H100 ran it (README, "On a GPU").
-    low_precision = plan.dtype in LOW_PRECISION
+    low_precision = plan.dtype in FP8_DTYPES
     gemm = 0.0
     for lin in lw.linears:
         fp8 = lin.fp8 and low_precision
-        peak = dev.peak(plan.dtype if fp8 else "bf16" if low_precision else plan.dtype) * 1e12
+        peak = dev.peak(plan.dtype if fp8 or not low_precision else "bf16") * 1e12
         gemm += lin.flops / (peak * gemm_efficiency(c, fp8, lin))
     attention = (lw.attn_flops / (bf16 * attention_efficiency(c, lw.attn_len))
                  if lw.attn_flops else 0.0)

@@ -129,6 +129,19 @@ class Rank:
         c = torch.empty(m, n, device=self.device, dtype=dtype)
         return lambda: torch.mm(a, w.t(), out=c)
 
+    def _best_rate(self, step, flops: float, entry: dict) -> dict:
+        """`entry` with the best time of GEMM_REPEATS calls of `step` after a warm-up
+        (kernel selection, Triton's compilation) and its rate, or the error that stopped
+        it, recorded, not fatal."""
+        self.dist.barrier()
+        try:
+            step()
+            best = min(self._timed(step, 1) for _ in range(GEMM_REPEATS))
+            entry.update(time_s=best, tflops=flops / best / 1e12)
+        except (RuntimeError, TypeError, NotImplementedError) as err:
+            entry.update(time_s=None, tflops=None, error=" ".join(str(err).split())[:200])
+        return entry
+
     def attention(self) -> dict | None:
         """Causal scaled-dot-product attention, forward and backward, through the kernel
         the engine's attention gets (F.scaled_dot_product_attention, grouped KV heads, the
@@ -156,18 +169,8 @@ class Rank:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=n != g)
             q.grad = k.grad = v.grad = None
             out.backward(grad)
-        self.dist.barrier()
         entry = {**shape, "backend": sdpa.chosen_backend(self.device, dtype, n, g, d, s)}
-        try:
-            step()  # warm-up: kernel selection
-            best = min(self._timed(step, 1) for _ in range(GEMM_REPEATS))
-            entry.update(time_s=best, tflops=P.attention_flops(shape) / best / 1e12)
-        except (RuntimeError, TypeError, NotImplementedError) as err:
-            entry.update(time_s=None, tflops=None, error=" ".join(str(err).split())[:200])
-        del q, k, v, grad
-        if self.cuda:
-            torch.cuda.empty_cache()
-        return entry
+        return self._best_rate(step, P.attention_flops(shape), entry)
 
     def scan(self) -> dict | None:
         """The engine's Mamba-2 scan (SSMCore: mamba_ssm's Triton kernel where it is
@@ -201,19 +204,9 @@ class Rank:
             for t in (x, dt, b, c):
                 t.grad = None
             out.backward(grad)
-        self.dist.barrier()
         entry = {**shape, "implementation": ("mamba_ssm Triton kernel" if kernel
                                              else "plain-PyTorch chunked SSD (the engine's)")}
-        try:
-            step()  # warm-up: Triton's compilation where the kernel runs
-            best = min(self._timed(step, 1) for _ in range(GEMM_REPEATS))
-            entry.update(time_s=best, tflops=P.scan_flops(shape) / best / 1e12)
-        except (RuntimeError, TypeError, NotImplementedError) as err:
-            entry.update(time_s=None, tflops=None, error=" ".join(str(err).split())[:200])
-        del x, dt, b, c, grad, core
-        if self.cuda:
-            torch.cuda.empty_cache()
-        return entry
+        return self._best_rate(step, P.scan_flops(shape), entry)
 
     def memory(self) -> dict:
         """A device-to-device (CPU: RAM-to-RAM) copy of one large buffer; every byte is
@@ -338,6 +331,8 @@ def run(plan_path: Path) -> int:
     attention = rank.attention()
     rank.say("the Mamba-2 SSD scan, forward and backward")
     scan = rank.scan()
+    if rank.cuda:  # the two kernels' tensors went with their frames; their cached blocks too
+        torch.cuda.empty_cache()
     rank.say("memory bandwidth (a large copy)")
     memory = rank.memory()
     record = {"rank": rank.rank, "host": rank.host, "node": rank.node,
