@@ -210,6 +210,56 @@ def test_non_seed_gpu_uses_measured_figures_with_their_source():
             assert (fig.value is not None and fig.source) or (fig.value is None and fig.reason)
 
 
+def test_attention_efficiency_is_carried_by_the_measured_attention_rate():
+    """cudnn-frontend's causal BF16 attention runs at Llama 3.1's shape, sequence 8192
+    (catalog.measured CUDNN_SDPA): the fwd + bwd rate is both passes' FLOPs over both
+    times. The rows' raw numbers are restated here from the CSVs."""
+    def rate(fwd_ms, fwd_tflops, bwd_ms, bwd_tflops):
+        return (fwd_ms * fwd_tflops + bwd_ms * bwd_tflops) / (fwd_ms + bwd_ms)
+
+    hopper = rate(1.708, 644, 5.083, 541)        # H200, cuDNN 9.19
+    b200 = rate(1.877, 1171.278, 5.833, 942.509)  # B200, cuDNN 9.13.1
+    gb300 = rate(1.185, 1856, 3.832, 1435)        # GB300, cuDNN 9.22
+    assert measured.measured_for("h100").attention_tflops.value == pytest.approx(hopper, abs=0.1)
+    h100 = default_constants("h100")
+    plan = build_plan("pretrain_llama3.1", "8b", "fp8", 8, "b200")
+    pred, figures = hp.predict_with_profile(plan, None, config={})
+    # B200 reaches 0.44 of its BF16 peak where Hopper reaches 0.57: attention is charged
+    # 23% below the peak-scaled rate, not the H100 fraction of B200's peak.
+    expected = h100.attn_eff * (b200 / 2250) / (hopper / 989)
+    assert pred.constants["attn_eff"] == pytest.approx(expected, rel=1e-3)
+    assert expected < 0.8 * h100.attn_eff
+    assert figures["attn_eff"].startswith("measured:") and "cudnn-frontend" in figures["attn_eff"]
+    gb300_pred, _ = hp.predict_with_profile(
+        build_plan("pretrain_llama3.1", "8b", "fp8", 8, "gb300"), None, config={})
+    assert gb300_pred.constants["attn_eff"] == pytest.approx(
+        h100.attn_eff * (gb300 / 2450) / (hopper / 989), rel=1e-3)
+    # No published run for B300: the H100 fraction, labelled an assumption.
+    _, b300 = hp.predict_with_profile(build_plan("pretrain_llama3.1", "8b", "fp8", 8, "b300"),
+                                      None, config={})
+    assert b300["attn_eff"].startswith("assumed:")
+    # A calibration of attn_eff in the cluster config wins, and says so.
+    cfg = {"calibration": {"b200": {"attn_eff": 0.3}}}
+    calibrated, labels = hp.predict_with_profile(plan, None, config=cfg)
+    assert calibrated.constants["attn_eff"] == 0.3
+    assert labels["attn_eff"].startswith("calibrated")
+
+
+def test_b200_and_gb200_reach_other_nodes_through_one_400g_nic_per_gpu():
+    """NVIDIA's MLPerf Training system descriptions: DGX B200 '8x ConnectX-7 IB NDR
+    400Gb/s', GB200 NVL72 '4x ConnectX-7 IB NDR 400 Gb/s' per 4-GPU node, GB300 NVL72 '4x
+    ConnectX-8 IB XDR 800 Gb/s': the same NIC per GPU as DGX H100 on B200 and GB200 (45 GB/s
+    bus bandwidth, ../shared/reference/hardware.md), twice it on GB300."""
+    from trainbench.predict.device import device_for
+    h100 = device_for("h100")
+    for gpu in ("b200", "gb200"):
+        dev = device_for(gpu)
+        assert dev.network_gbs == h100.network_gbs == 45.0
+        label = dict(dev.figures)["network_gbs"]
+        assert label.startswith("measured:") and "ConnectX-7" in label
+    assert device_for("gb300").network_gbs == 2 * h100.network_gbs
+
+
 def test_leave_one_workload_out_refits_without_the_group():
     bench = _bench()
     runs = [r for r in bench.seed_runs()

@@ -40,6 +40,12 @@ class GPU:
         return self.peak_tflops.get("bf16" if dtype == "fp32" else dtype)
 
 
+# network_gbs follows the NIC per GPU: DGX B200 and GB200 NVL72 carry one 400 Gb/s
+# ConnectX-7 per GPU, as DGX H100 does ("8x ConnectX-7 IB NDR 400Gb/s", "4x ConnectX-7 IB
+# NDR 400 Gb/s" per 4-GPU tray: NVIDIA's MLPerf Training system descriptions, Nyx
+# DGX B200 v5.0 and Tyche GB200 NVL72 v5.1); GB300 NVL72 and B300 carry an 800 Gb/s
+# ConnectX-8 per GPU (Theia GB300 NVL72, v5.1: "4x ConnectX-8 IB XDR 800 Gb/s").
+# Until 2026-11-26 B200 and GB200 were given 90 GB/s, twice their NIC.
 GPUS: dict[str, GPU] = {
     "a100": GPU("a100", "A100 SXM 80GB", {"bf16": 312}, 80, 2.0, 600, 8,
                 network_gbs=22.5, intra_node_busbw_gbs=230, name_patterns=("A100",)),
@@ -50,7 +56,7 @@ GPUS: dict[str, GPU] = {
     "b200": GPU("b200", "B200",
                 {"bf16": 2250, "fp8": 4500, "mxfp8": 4500, "nvfp4": 9000},
                 180, 8, 1800, 8,
-                network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("B200",)),
+                network_gbs=45, intra_node_busbw_gbs=740, name_patterns=("B200",)),
     "b300": GPU("b300", "B300",
                 {"bf16": 2250, "fp8": 4500, "mxfp8": 4500, "nvfp4": 13500},
                 270, 8, 1800, 8,
@@ -58,7 +64,7 @@ GPUS: dict[str, GPU] = {
     "gb200": GPU("gb200", "GB200",
                  {"bf16": 2450, "fp8": 4900, "mxfp8": 4900, "nvfp4": 9800},
                  186, 8, 1800, 4,
-                 network_gbs=90, intra_node_busbw_gbs=740, name_patterns=("GB200",),
+                 network_gbs=45, intra_node_busbw_gbs=740, name_patterns=("GB200",),
                  nvlink_domain=72),
     "gb300": GPU("gb300", "GB300",
                  {"bf16": 2450, "fp8": 4900, "mxfp8": 4900, "nvfp4": 14700},

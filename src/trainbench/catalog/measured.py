@@ -23,6 +23,27 @@ NCCL_H100
     (AllReduce excerpt)": nccl-tests all_reduce_perf on 8 x H100 80GB HBM3 in one node,
     float sum, out-of-place busbw 361.67 GB/s at 64 MiB, 400.53 at 128 MiB, 466.33 at
     1 GiB, 480.16 at 8 GiB; 13-17 us from 8 B to 2 KiB.
+CUDNN_SDPA
+    NVIDIA/cudnn-frontend, benchmark/sdpa_benchmark_training (the cuDNN team's attention
+    benchmark for training): causal BF16 scaled-dot-product attention at Llama 3.1's
+    shape (8 K/V heads of 128, GQA), sequence 8192, forward and backward timed apart.
+    The figure stored is the fwd + bwd rate, (fwd FLOPs + bwd FLOPs) / (fwd ms + bwd ms),
+    from each CSV row's times and TFLOPS (both count causal FLOPs). Rows used, the latest
+    run per GPU in the repository:
+    - H200: results/h200_919_only_cudnn/llama3.1_20260227_034703.csv @3929da2, cuDNN
+      9.19, batch 1, 64 query heads: fwd 1.708 ms at 644, bwd 5.083 ms at 541 TFLOPS;
+    - B200: artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv @0b1577c (2025-10-10),
+      cuDNN 9.13.1 through PyTorch's cuDNN backend, batch 1, 128 query heads: fwd
+      1.877 ms at 1171.278, bwd 5.833 ms at 942.509 (the same file @f937055, cuDNN 9.10.2,
+      2025-06: 1211.1 / 945.4);
+    - GB200: results/llama3.1/gb200/llama3.1_20260424_100750.csv @3929da2, cuDNN 9.22,
+      batch 2, 64 query heads: fwd 1.397 ms at 1574, bwd 4.127 ms at 1332;
+    - GB300: results/llama3.1/gb300/llama3.1_20260424_100757.csv @3929da2, the same
+      settings: fwd 1.185 ms at 1856, bwd 3.832 ms at 1435.
+    As fractions of the BF16 peak: H200 0.57, B200 0.44, GB200 0.57, GB300 0.63. The same
+    repository's RMSNorm results (benchmark/norms/results, cuDNN 9.19) reach 0.78 of the
+    HBM bandwidth on H200, GB200 and GB300 alike, so memory-bound kernels keep the fitted
+    fraction of the bandwidth (no figure stored for them).
 REF_HW
     ../shared/reference/hardware.md (the project's reference facts), "Collectives on a
     DGX H100 (nccl-tests bus bandwidth)": all-reduce inside a node about 370 GB/s (ring),
@@ -46,8 +67,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REF_HW = "../shared/reference/hardware.md, 'Collectives on a DGX H100 (nccl-tests bus bandwidth)'"
+CUDNN_SDPA = ("NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training, causal BF16 SDPA at "
+              "Llama 3.1's shape, sequence 8192, fwd + bwd")
 MAMF = ("stas00/ml-engineering compute/accelerator/README.md @744d01e, 'Maximum Achievable "
         "Matmul FLOPS comparison table'")
+MLPERF_SYSTEMS = ("NVIDIA's MLPerf Training system descriptions: mlcommons/training_results_v5.0 "
+                  "NVIDIA/systems/nyx_n1_ngc25.04_nemo.json (DGX B200: '8x ConnectX-7 IB NDR "
+                  "400Gb/s'), training_results_v5.1 @4da2d1c NVIDIA/systems/"
+                  "tyche_ngpu512_ngc25.09_nemo.json (GB200 NVL72: '4x ConnectX-7 IB NDR 400 "
+                  "Gb/s' per 4-GPU node)")
 NCCL_H100 = ("NVIDIA/dgxc-benchmarking nccl/README.md @841f546, all_reduce_perf sample on "
              "8 x H100 80GB HBM3")
 
@@ -90,6 +118,24 @@ class MeasuredGPU:
     network_gbs: Figure
     """Bus bandwidth across nodes per GPU (its own NIC), nccl-tests."""
     collective_latency_us: Figure
+    attention_tflops: Figure = Figure(None, "TFLOPS", reason=(
+        "no published run of cudnn-frontend's training attention benchmark on it was "
+        "found; `trainbench probe` times the engine's attention"))
+    """Causal flash attention, forward + backward, BF16, at a seed shape (CUDNN_SDPA)."""
+
+
+def _sdpa(fwd_ms: float, fwd_tflops: float, bwd_ms: float, bwd_tflops: float,
+          where: str) -> Figure:
+    """One fwd + bwd rate from a benchmark's forward and backward rows: FLOPs over time."""
+    rate = (fwd_ms * fwd_tflops + bwd_ms * bwd_tflops) / (fwd_ms + bwd_ms)
+    return Figure(round(rate, 1), "TFLOPS", CUDNN_SDPA,
+                  f"{where}: fwd {fwd_ms} ms at {fwd_tflops}, bwd {bwd_ms} ms at {bwd_tflops}")
+
+
+# H100 and H200 SXM share the GH100 compute (132 SMs, the same clocks and power limit);
+# attention is compute-bound, so H200's run stands for both.
+_HOPPER_SDPA = _sdpa(1.708, 644, 5.083, 541, "H200, cuDNN 9.19 (@3929da2); H100 has the "
+                     "same GH100 compute")
 
 
 def _gemm_unknown(*dtypes: str) -> dict[str, Figure]:
@@ -105,10 +151,16 @@ def _mamf(bf16: float | None, fp8: float | None, note: str = "") -> dict[str, Fi
     return out
 
 
-def _links_unknown() -> dict:
+def _links_unknown(network: Figure | None = None) -> dict:
     return dict(intra_node_busbw_gbs=Figure(None, "GB/s", reason=_NO_LINK),
-                network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
+                network_gbs=network or Figure(None, "GB/s", reason=_NO_LINK),
                 collective_latency_us=Figure(None, "us", reason=_NO_LINK))
+
+
+# DGX B200 and GB200 NVL72 reach other nodes through the NIC DGX H100 has, one 400 Gb/s
+# ConnectX-7 per GPU, so DGX H100's per-NIC bus bandwidth is a measurement of that link.
+_CX7_PER_GPU = Figure(45.0, "GB/s", REF_HW + "; " + MLPERF_SYSTEMS,
+                      "one 400 Gb/s ConnectX-7 per GPU, the NIC of DGX H100")
 
 
 _H100_LINKS = dict(
@@ -123,17 +175,25 @@ _H100_LINKS = dict(
 )
 
 MEASURED: dict[str, MeasuredGPU] = {
-    "h100": MeasuredGPU("h100", _mamf(794.5, 1402.6), **_H100_LINKS),
+    "h100": MeasuredGPU("h100", _mamf(794.5, 1402.6), **_H100_LINKS,
+                        attention_tflops=_HOPPER_SDPA),
     "h200": MeasuredGPU("h200", _mamf(794.5, 1453.4, "BF16: the table's H100 row, noted "
                                       "'H200 is the same'"),
                         **{k: Figure(f.value, f.unit, f.source, _SAME_AS_H100)
-                           for k, f in _H100_LINKS.items()}),
-    "b200": MeasuredGPU("b200", _mamf(1745.0, 3432.5), **_links_unknown()),
+                           for k, f in _H100_LINKS.items()},
+                        attention_tflops=_HOPPER_SDPA),
+    "b200": MeasuredGPU("b200", _mamf(1745.0, 3432.5), **_links_unknown(_CX7_PER_GPU),
+                        attention_tflops=_sdpa(1.877, 1171.278, 5.833, 942.509,
+                                               "B200, cuDNN 9.13.1 (@0b1577c)")),
     "b300": MeasuredGPU("b300", _mamf(1769.0, 3353.3), **_links_unknown()),
     # The table's GB200 'Theory' is 2500 / 5000; the efficiency here is against the
     # catalog's 2450 / 4900 (catalog.hardware), the peak predict divides by.
-    "gb200": MeasuredGPU("gb200", _mamf(1822.0, 3615.6), **_links_unknown()),
-    "gb300": MeasuredGPU("gb300", _gemm_unknown("bf16", "fp8"), **_links_unknown()),
+    "gb200": MeasuredGPU("gb200", _mamf(1822.0, 3615.6), **_links_unknown(_CX7_PER_GPU),
+                         attention_tflops=_sdpa(1.397, 1574, 4.127, 1332,
+                                                "GB200, cuDNN 9.22 (@3929da2)")),
+    "gb300": MeasuredGPU("gb300", _gemm_unknown("bf16", "fp8"), **_links_unknown(),
+                         attention_tflops=_sdpa(1.185, 1856, 3.832, 1435,
+                                                "GB300, cuDNN 9.22 (@3929da2)")),
     "mi300x": MeasuredGPU("mi300x", _mamf(668.4, None), **_links_unknown()),
 }
 

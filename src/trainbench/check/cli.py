@@ -191,9 +191,10 @@ def register(app) -> None:
                                   "last rank of every pipeline stage."),
         fmt: str = typer.Option("table", "--format", help="table or json."),
         trace: bool = typer.Option(
-            False, "--trace", help="Also trace each rank's first two microbatches (forward and "
-                                   "backward) under FakeTensorMode with FSDPMemTracker; "
-                                   "layouts without PP and CP only."),
+            False, "--trace", help="Also trace each rank's training step under FakeTensorMode "
+                                   "with FSDPMemTracker (forward and backward of every "
+                                   "microbatch a pipeline rank's schedule runs; the first two "
+                                   "without a pipeline) and report its peak beside predict's."),
     ):
         """Build chosen ranks of a plan at its real size under a fake process group (no
         GPU, nothing allocated) and report what each holds, beside predict's figure."""

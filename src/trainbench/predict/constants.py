@@ -111,24 +111,29 @@ def default_constants(gpu_type: str) -> Constants:
 
 def transfer_constants(c: Constants, gpu_type: str, from_type: str = FITTED_ON
                        ) -> tuple[Constants, dict[str, str]]:
-    """Constants fitted on `from_type` carried to `gpu_type`, with where each GEMM
+    """Constants fitted on `from_type` carried to `gpu_type`, with where each carried
     efficiency came from.
 
     gemm_eff is what a training step's GEMMs reach as a fraction of the peak; the public
     figure is the best large-matmul rate (catalog.measured). The step's share of that best
     rate is taken to be the same on both types, so per dtype
     eff(gpu) = eff(from) * (measured(gpu) / peak(gpu)) / (measured(from) / peak(from)).
+    attn_eff is carried the same way by the measured flash-attention rate (cuDNN's causal
+    fwd + bwd at a seed shape) over the BF16 peak: on B200 it reaches 0.44 of the peak
+    where H100 reaches 0.57, so scaling attention by the peak alone overstates it by 29%.
     Where either figure is missing the fraction stays the fitted one, labelled assumed."""
     from ..catalog import hardware, measured
     gpu_type, from_type = gpu_type.lower(), from_type.lower()
     if gpu_type == from_type or gpu_type not in hardware.GPUS:
         return c, {}
     to_fig, from_fig = measured.measured_for(gpu_type), measured.measured_for(from_type)
+    # (constant, peak dtype, the measured figure of an entry)
+    carried = [(f"gemm_eff_{d}", d, lambda e, d=d: e.gemm_tflops.get(d)) for d in ("bf16", "fp8")]
+    carried.append(("attn_eff", "bf16", lambda e: e.attention_tflops))
     values, labels = {}, {}
-    for dtype in ("bf16", "fp8"):
-        name = f"gemm_eff_{dtype}"
-        a = to_fig.gemm_tflops.get(dtype) if to_fig else None
-        b = from_fig.gemm_tflops.get(dtype) if from_fig else None
+    for name, dtype, figure_of in carried:
+        a = figure_of(to_fig) if to_fig else None
+        b = figure_of(from_fig) if from_fig else None
         peak_to = hardware.GPUS[gpu_type].peak(dtype)
         peak_from = hardware.GPUS[from_type].peak(dtype)
         if a is None or b is None or not (a.known and b.known and peak_to and peak_from):

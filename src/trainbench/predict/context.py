@@ -9,7 +9,7 @@ from functools import cached_property
 
 from ..catalog import recipes
 from ..plan import FP8_DTYPES, Plan
-from .comm import Groups, groups_for
+from .comm import ALL_TO_ALL, PER_NODE, Groups, groups_for
 from .constants import Constants, constants_for
 from .device import Device, device_for
 from .work import LayerWork, Shape, layer_work, pipeline_chunks, rank_chunks
@@ -63,6 +63,13 @@ class Context:
     groups: Groups
     requested_sharding: str = "recipe"
     """The sharding asked for ('engine', 'recipe', ...), before resolve_sharding."""
+    ep_dispatch: str = ALL_TO_ALL
+    """How MoE tokens reach their experts (comm.moe_dispatch_s): 'per_node' for the
+    Megatron-LM runs (NVIDIA's MoE performance recipes dispatch with DeepEP on H100 in
+    25.09 and with the flex dispatcher's DeepEP / HybridEP backends from 25.11 on:
+    Megatron-Bridge scripts/performance, run_script.py @fa0315a and
+    configs/{deepseek,qwen}/*_workload_base_configs.py @5776a6d, c0b9a00, 21d102f),
+    'all_to_all' for the engine (one all_to_all_single row per chosen expert)."""
 
     @property
     def microbatches(self) -> int:
@@ -105,8 +112,10 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}
     chunks = pipeline_chunks(plan.model, lay.pp, lay.vp, lay.pp_split)
     dp_shard = 0 if sharding == ENGINE else lay.dp_shard
+    resolved = resolve_sharding(plan, sharding)
     return Context(plan=plan, device=dev, constants=consts,
-                   sharding=resolve_sharding(plan, sharding), shape=shape, work=work,
+                   sharding=resolved, shape=shape, work=work,
                    chunks=chunks, ranks=rank_chunks(chunks, lay.pp),
                    groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, dp_shard, lay.ep),
-                   requested_sharding=sharding)
+                   requested_sharding=sharding,
+                   ep_dispatch=PER_NODE if resolved == DISTRIBUTED_OPTIMIZER else ALL_TO_ALL)

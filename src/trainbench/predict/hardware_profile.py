@@ -236,15 +236,18 @@ def _default_label(device: Device) -> str:
     return dict(device.figures).get("gemm_eff_bf16", "catalog constants")
 
 
-def gemm_labels(gpu_type: str, calibrated: bool) -> dict[str, str]:
-    """Where the GEMM efficiencies come from without a profile."""
+def efficiency_labels(gpu_type: str, calibrated: dict) -> dict[str, str]:
+    """Where the GEMM and attention efficiencies come from without a profile: the
+    cluster config's calibration, the H100 fit, or that fit carried by measured figures."""
     from .constants import DEFAULTS, FITTED_ON, transfer_constants
-    if calibrated:
-        return {f"gemm_eff_{d}": "calibrated: cluster config 'calibration'" for d in ("bf16", "fp8")}
+    names = ("gemm_eff_bf16", "gemm_eff_fp8", "attn_eff")
     if gpu_type == FITTED_ON:
-        return {f"gemm_eff_{d}": "fitted to the seeds' H100 step times (bench/predict_accuracy.py)"
-                for d in ("bf16", "fp8")}
-    return transfer_constants(DEFAULTS.get(gpu_type, DEFAULTS[FITTED_ON]), gpu_type)[1]
+        out = {n: "fitted to the seeds' H100 step times (bench/predict_accuracy.py)"
+               for n in names}
+    else:
+        out = transfer_constants(DEFAULTS.get(gpu_type, DEFAULTS[FITTED_ON]), gpu_type)[1]
+    out.update({n: "calibrated: cluster config 'calibration'" for n in names if n in calibrated})
+    return out
 
 
 def device_and_constants(gpu_type: str, gpus_per_node: int | None, facts: HardwareFacts | None,
@@ -256,7 +259,7 @@ def device_and_constants(gpu_type: str, gpus_per_node: int | None, facts: Hardwa
     device = device_for(gpu_type, gpus_per_node, config)
     constants = constants_for(gpu_type, config)
     figures = dict(device.figures)
-    figures.update(gemm_labels(device.key, bool(calibrated_values(config or {}, gpu_type))))
+    figures.update(efficiency_labels(device.key, calibrated_values(config or {}, gpu_type)))
     device = replace(device, figures=tuple(figures.items()))
     if facts is not None:
         device, constants = apply_facts(facts, device, constants)

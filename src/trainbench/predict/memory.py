@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..layout import rank_stages
-from ..plan import Plan
+from ..plan import FP8_DTYPES, Plan
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import GIB
 from .work import logits_bytes
@@ -27,6 +27,14 @@ from .work import logits_bytes
 # A persistent transpose too (2 B) would put the seeds' own FP8 runs (Nemotron-4 15B on 16
 # GPUs, Nemotron-H 56B on 32) above 80 GB, so it is not counted.
 FP8_WEIGHT_CACHE_BYTES = 1.0
+# torchao (the engine) caches nothing across microbatches: it casts a gathered weight to
+# FP8 for the forward and again, transposed, for the backward's input gradient, so a block
+# recomputed for its backward has both casts of its FP8 weights alive beside its
+# activations (2 B per parameter). `check --trace` of Llama 2 70B FP8 at DP512 (full
+# recompute, one 856M-parameter block per FSDP unit) holds 1.44 GiB more temporaries at
+# its peak than the BF16 trace of the same layout, 1.8 B per block parameter (README,
+# "Check"); without recompute the peak is at the loss, after the casts are freed.
+FP8_RECOMPUTE_CAST_BYTES = 2.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,18 @@ def _unit_param_max(ctx: Context) -> float:
     return max(units)
 
 
+def _block_fp8_params(ctx: Context) -> float:
+    """FP8 weights of this rank's largest recomputed block (its TP shard): a transformer
+    block's attention and MLP linears, or a hybrid model's largest layer."""
+    w = ctx.work
+
+    def fp8(kind: str) -> float:
+        return sum(x.k * x.n for x in w[kind].linears if x.fp8) if kind in w else 0.0
+    if ctx.plan.model.is_hybrid:
+        return max(fp8(k) for k in ("attention", "mlp", "mamba", "moe"))
+    return fp8("attention") + max(fp8("mlp"), fp8("moe"))
+
+
 def _kept(ctx: Context, kind: str, recompute: str) -> float:
     """Activation bytes one layer keeps for one microbatch under a recompute choice."""
     lw = ctx.work[kind]
@@ -234,6 +254,8 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
             biggest = ctx.work["attention"].act_bytes + max(
                 ctx.work[k].act_bytes for k in ("mlp", "moe") if k in ctx.work)
         transient += biggest  # the block being recomputed for its backward
+        if plan.dtype in FP8_DTYPES and ctx.sharding != DISTRIBUTED_OPTIMIZER:
+            transient += FP8_RECOMPUTE_CAST_BYTES * _block_fp8_params(ctx)
     logits = logits_bytes(plan.model, ctx.shape) if "head" in kinds else 0.0
     if ctx.requested_sharding == ENGINE and lay.pp > 1:
         transient += pipeline_buffer_bytes(ctx, rank)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from .. import flops as fl
 from .. import metrics
 from ..plan import FP8_DTYPES, Plan
-from .comm import (all_gather_s, all_reduce_s, all_to_all_s, crosses_domains, p2p_s,
+from .comm import (all_gather_s, all_reduce_s, crosses_domains, moe_dispatch_s, p2p_s,
                    reduce_scatter_s, ring_latency_s)
 from .constants import Constants
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
@@ -129,7 +129,8 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     elif plan.recompute == "selective" and lw.kind == "attention":
         recompute = attention / 3  # core attention's forward again (Korthikanti et al. 2022)
     # Dispatch and combine, forward and backward: four all-to-alls per MoE layer.
-    ep = 4 * all_to_all_s(lw.ep_a2a_bytes, ctx.groups.ep, dev) if lw.ep_a2a_bytes else 0.0
+    ep = (4 * moe_dispatch_s(lw.ep_token_bytes, plan.model.top_k, ctx.groups.ep, dev,
+                             ctx.ep_dispatch) if lw.ep_token_bytes else 0.0)
     return LayerTime(gemm=gemm, attention=attention, scan=scan, memory_bound=memory_bound,
                      overhead=overhead, recompute=recompute, tp_comm=tp, cp_comm=cp,
                      ep_comm=ep)

@@ -71,6 +71,8 @@ class LayerWork:
     ep_a2a_bytes: float = 0.0
     """Bytes this GPU sends in one token all-to-all of an MoE layer (four per microbatch:
     dispatch and combine, forward and backward)."""
+    ep_token_bytes: float = 0.0
+    """One hidden-wide copy of the tokens this GPU routes (comm.moe_dispatch_s)."""
     expert_params: float = 0.0
     """The routed experts' share of `params` (this GPU's E/ep experts): their gradients and
     optimizer state are sharded over the expert-data-parallel ranks only."""
@@ -254,6 +256,7 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         return LayerWork(kind, tuple(lins), hbm_bytes=hbm, act_bytes=moe_norm_saved + kept,
                          input_bytes=input_bytes, params=params,
                          ep_a2a_bytes=moe_all_to_all_bytes(mine, m.top_k, h, b, ep),
+                         ep_token_bytes=mine * h * b if ep > 1 else 0.0,
                          expert_params=(E // ep) * 3 * h * f, token_local_params=local)
     if kind == "mamba":
         lins = mamba_linears(m, sh)
