@@ -310,8 +310,8 @@ def print_splits(acc: dict) -> None:
                                          held["mean_abs_error_pct_by_gpu"].items()))
     print(f"    GPU types the seeds never measured: {held['other_gpu_types_rows']} rows, mean "
           f"|error| {held['other_gpu_types_mean_abs_error_pct']:.1f}% (default constants "
-          f"{held['other_gpu_types_mean_abs_error_pct_default_constants']:.1f}%; the H100 GEMM "
-          "fractions without the measured GEMM figures "
+          f"{held['other_gpu_types_mean_abs_error_pct_default_constants']:.1f}%; the H100 "
+          "fractions of peak without the measured GEMM and attention figures "
           f"{held['other_gpu_types_mean_abs_error_pct_without_measured_gemm']:.1f}%)")
     for src, v in held["other_gpu_types_by_source"].items():
         print(f"      {src:60} {v['rows']:2d} rows  mean |error| "

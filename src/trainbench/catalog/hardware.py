@@ -43,8 +43,9 @@ class GPU:
 # network_gbs follows the NIC per GPU: DGX B200 and GB200 NVL72 carry one 400 Gb/s
 # ConnectX-7 per GPU, as DGX H100 does ("8x ConnectX-7 IB NDR 400Gb/s", "4x ConnectX-7 IB
 # NDR 400 Gb/s" per 4-GPU tray: NVIDIA's MLPerf Training system descriptions, Nyx
-# DGX B200 v5.0 and Tyche GB200 NVL72 v5.1); GB300 NVL72 and B300 carry an 800 Gb/s
-# ConnectX-8 per GPU (Theia GB300 NVL72, v5.1: "4x ConnectX-8 IB XDR 800 Gb/s").
+# DGX B200 v5.0 and Tyche GB200 NVL72 v5.1); GB300 NVL72 carries an 800 Gb/s ConnectX-8
+# per GPU (Theia GB300 NVL72, v5.1: "4x ConnectX-8 IB XDR 800 Gb/s"). B300's 90 is an
+# assumption (no system description of it was cited).
 # Until 2026-11-26 B200 and GB200 were given 90 GB/s, twice their NIC.
 GPUS: dict[str, GPU] = {
     "a100": GPU("a100", "A100 SXM 80GB", {"bf16": 312}, 80, 2.0, 600, 8,
