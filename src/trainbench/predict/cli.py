@@ -50,7 +50,9 @@ def register(app) -> None:
             help="How DP shards model state: engine (default; what `trainbench run` runs: "
                  "FSDP2 over dp x cp, the figure run prints too), recipe (what the published "
                  "run used: Megatron's distributed optimizer for the NeMo seeds, FSDP for "
-                 "MaxText's Llama 2), distributed_optimizer or fsdp."),
+                 "MaxText's Llama 2), distributed_optimizer or fsdp. Megatron's "
+                 "(distributed_optimizer, and recipe for the NeMo recipes) also sends an MoE "
+                 "token once per remote node, as its DeepEP / HybridEP dispatch does."),
     ):
         """Predict step time, tokens/s, MFU and memory per GPU before launching."""
         from ..cli import fail
