@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import flops as fl
-from .comm import moe_all_to_all_bytes
 from ..catalog.models import ModelSpec
 from ..pp_split import layer_counts
 
@@ -68,11 +67,10 @@ class LayerWork:
     reduce-scatters forward and gathers backward, the head the reverse."""
     cp_kv_bytes: float = 0.0
     """K and V this GPU sends around the context-parallel ring in one forward pass."""
-    ep_a2a_bytes: float = 0.0
-    """Bytes this GPU sends in one token all-to-all of an MoE layer (four per microbatch:
-    dispatch and combine, forward and backward)."""
     ep_token_bytes: float = 0.0
-    """One hidden-wide copy of the tokens this GPU routes (comm.moe_dispatch_s)."""
+    """One hidden-wide copy of the tokens this GPU routes in an MoE layer; four token
+    dispatches per microbatch (dispatch and combine, forward and backward) each move
+    what comm.moe_dispatch_s charges for it."""
     expert_params: float = 0.0
     """The routed experts' share of `params` (this GPU's E/ep experts): their gradients and
     optimizer state are sharded over the expert-data-parallel ranks only."""
@@ -255,7 +253,6 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         params = (h * E + (E // ep) * 3 * h * f + 3 * h * fs / shared_split + h)
         return LayerWork(kind, tuple(lins), hbm_bytes=hbm, act_bytes=moe_norm_saved + kept,
                          input_bytes=input_bytes, params=params,
-                         ep_a2a_bytes=moe_all_to_all_bytes(mine, m.top_k, h, b, ep),
                          ep_token_bytes=mine * h * b if ep > 1 else 0.0,
                          expert_params=(E // ep) * 3 * h * f, token_local_params=local)
     if kind == "mamba":
