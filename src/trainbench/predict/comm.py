@@ -180,8 +180,10 @@ def moe_dispatch_s(token_bytes: float, top_k: int, group: Group, dev: Device,
     if group.size <= 1 or token_bytes <= 0:
         return 0.0
     if dispatch == ALL_TO_ALL:
-        return all_to_all_s(moe_all_to_all_bytes(1, top_k, token_bytes, 1, group.size),
-                            group, dev)
+        # token_bytes already holds tokens x hidden x dtype bytes.
+        rows = moe_all_to_all_bytes(tokens=1, top_k=top_k, hidden=token_bytes, dtype_bytes=1,
+                                    ep=group.size)
+        return all_to_all_s(rows, group, dev)
     if dispatch != PER_NODE:
         raise ValueError(f"unknown MoE dispatch {dispatch!r}; known: {', '.join(EP_DISPATCHES)}")
     k = members_per_domain(group, dev.nvlink_domain)

@@ -63,13 +63,17 @@ class Context:
     groups: Groups
     requested_sharding: str = "recipe"
     """The sharding asked for ('engine', 'recipe', ...), before resolve_sharding."""
-    ep_dispatch: str = ALL_TO_ALL
-    """How MoE tokens reach their experts (comm.moe_dispatch_s): 'per_node' for the
-    Megatron-LM runs (NVIDIA's MoE performance recipes dispatch with DeepEP on H100 in
-    25.09 and with the flex dispatcher's DeepEP / HybridEP backends from 25.11 on:
-    Megatron-Bridge scripts/performance, run_script.py @fa0315a and
-    configs/{deepseek,qwen}/*_workload_base_configs.py @5776a6d, c0b9a00, 21d102f),
-    'all_to_all' for the engine (one all_to_all_single row per chosen expert)."""
+
+    @property
+    def ep_dispatch(self) -> str:
+        """How MoE tokens reach their experts (comm.moe_dispatch_s): 'per_node' for the
+        Megatron-LM runs (NVIDIA's MoE performance recipes dispatch with DeepEP on H100 in
+        25.09 and with the flex dispatcher's DeepEP / HybridEP backends from 25.11 on:
+        Megatron-Bridge scripts/performance, run_script.py @fa0315a and
+        configs/{deepseek,qwen}/*_workload_base_configs.py @5776a6d, c0b9a00, 21d102f),
+        'all_to_all' otherwise, as the engine runs it (one all_to_all_single row per
+        chosen expert)."""
+        return PER_NODE if self.sharding == DISTRIBUTED_OPTIMIZER else ALL_TO_ALL
 
     @property
     def microbatches(self) -> int:
@@ -112,10 +116,8 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}
     chunks = pipeline_chunks(plan.model, lay.pp, lay.vp, lay.pp_split)
     dp_shard = 0 if sharding == ENGINE else lay.dp_shard
-    resolved = resolve_sharding(plan, sharding)
     return Context(plan=plan, device=dev, constants=consts,
-                   sharding=resolved, shape=shape, work=work,
+                   sharding=resolve_sharding(plan, sharding), shape=shape, work=work,
                    chunks=chunks, ranks=rank_chunks(chunks, lay.pp),
                    groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, dp_shard, lay.ep),
-                   requested_sharding=sharding,
-                   ep_dispatch=PER_NODE if resolved == DISTRIBUTED_OPTIMIZER else ALL_TO_ALL)
+                   requested_sharding=sharding)

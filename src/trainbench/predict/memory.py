@@ -145,29 +145,26 @@ def pipeline_buffer_bytes(ctx: Context, rank: int) -> float:
             * (2.0 if plan.dtype != "fp32" else 4.0))
 
 
+def _largest_block(ctx: Context, layer_kinds, measure) -> float:
+    """The largest block among `layer_kinds` by `measure` (a LayerWork -> float): a
+    transformer block is its attention and its MLP (dense, or a mixture of experts: MoE
+    models have both kinds), a hybrid model's block is one layer."""
+    w = ctx.work
+    if not ctx.plan.model.is_hybrid and "attention" in layer_kinds:
+        return measure(w["attention"]) + max(measure(w[k]) for k in ("mlp", "moe") if k in w)
+    return max((measure(w[k]) for k in layer_kinds), default=0.0)
+
+
 def _unit_param_max(ctx: Context) -> float:
-    """Largest FSDP unit: a transformer block (attention + MLP), a hybrid layer, or the
-    embedding / head."""
+    """Largest FSDP unit: a block (_largest_block) or the embedding / head."""
     w = ctx.work
-    units = [w["embedding"].params, w["head"].params]
-    if ctx.plan.model.is_hybrid:
-        units += [w[k].params for k in ("attention", "mlp", "mamba") if k in w]
-    else:
-        # A block's MLP: dense, or a mixture of experts (MoE models have both kinds).
-        units.append(w["attention"].params + max(w[k].params for k in ("mlp", "moe") if k in w))
-    return max(units)
+    layers = [k for k in w if k not in ("embedding", "head")]
+    return max(w["embedding"].params, w["head"].params,
+               _largest_block(ctx, layers, lambda lw: lw.params))
 
 
-def _block_fp8_params(ctx: Context) -> float:
-    """FP8 weights of this rank's largest recomputed block (its TP shard): a transformer
-    block's attention and MLP linears, or a hybrid model's largest layer."""
-    w = ctx.work
-
-    def fp8(kind: str) -> float:
-        return sum(x.k * x.n for x in w[kind].linears if x.fp8) if kind in w else 0.0
-    if ctx.plan.model.is_hybrid:
-        return max(fp8(k) for k in ("attention", "mlp", "mamba", "moe"))
-    return fp8("attention") + max(fp8("mlp"), fp8("moe"))
+def _fp8_params(lw) -> float:
+    return sum(x.k * x.n for x in lw.linears if x.fp8)
 
 
 def _kept(ctx: Context, kind: str, recompute: str) -> float:
@@ -249,13 +246,11 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
     activations = max(per_chunk) + (in_flight - 1) * average_chunk
     if recompute == "full":
         layer_kinds = [k for k in kinds if k not in ("embedding", "head")]
-        biggest = max((ctx.work[k].act_bytes for k in layer_kinds), default=0.0)
-        if not plan.model.is_hybrid and "attention" in layer_kinds:
-            biggest = ctx.work["attention"].act_bytes + max(
-                ctx.work[k].act_bytes for k in ("mlp", "moe") if k in ctx.work)
-        transient += biggest  # the block being recomputed for its backward
+        # The block being recomputed for its backward, and under FSDP (torchao) both FP8
+        # casts of that block's weights.
+        transient += _largest_block(ctx, layer_kinds, lambda lw: lw.act_bytes)
         if plan.dtype in FP8_DTYPES and ctx.sharding != DISTRIBUTED_OPTIMIZER:
-            transient += FP8_RECOMPUTE_CAST_BYTES * _block_fp8_params(ctx)
+            transient += FP8_RECOMPUTE_CAST_BYTES * _largest_block(ctx, layer_kinds, _fp8_params)
     logits = logits_bytes(plan.model, ctx.shape) if "head" in kinds else 0.0
     if ctx.requested_sharding == ENGINE and lay.pp > 1:
         transient += pipeline_buffer_bytes(ctx, rank)
