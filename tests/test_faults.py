@@ -94,6 +94,16 @@ def test_an_own_error_beats_a_peer_error_and_a_full_disk_is_named():
     assert reason.startswith("disk full: rank 1 failed (exit code 1): OSError: [Errno 28]")
 
 
+def test_a_full_disk_is_named_over_a_lower_ranks_error_about_the_same_save():
+    # A checkpoint save fails on every rank at once; rank 0 may not see the disk full.
+    lines = ["  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 10)",
+             "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 11)"]
+    errors = {0: "CheckpointException: CheckpointException ranks:dict_keys([0, 1])",
+              1: "disk full: OSError: [Errno 28] No space left on device: 0 bytes free"}
+    reason = describe_failure(1, lines, errors)
+    assert reason.startswith("disk full: rank 1 failed (exit code 1): OSError: [Errno 28]")
+
+
 def test_an_error_line_glued_to_a_peers_line_is_still_read(tmp_path):
     # What the CI run of 2026-11-23 lost: rank 1 printed its text, rank 0's whole error
     # line landed before rank 1's newline, and rank 0 was reported with no cause.
@@ -189,6 +199,37 @@ def test_a_full_disk_ends_the_run_failed_settled_and_cleaned_up(small_disk):
     assert f"{MIN_FREE_BYTES >> 20} MiB" in lines[0]
     assert experiment_dirs(small_disk) == [exp]
     assert len(JobsDB(small_disk).list()) == 1
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_disk_full_and_removed(small_disk):
+    # torch's zip writer reports a full disk as "unexpected pos", with no errno (CI,
+    # 2026-11-26: a run that filled its disk was reported as a bare CheckpointException).
+    import torch
+    import torch.distributed as dist
+
+    from trainbench.engine.checkpoint import Checkpointer
+    from trainbench.engine.trainer import failure_line
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        model = torch.nn.Linear(256, 256)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model(torch.ones(2, 256)).sum().backward()
+        optimizer.step()
+        saver = Checkpointer([model], optimizer, torch.device("cpu"), small_disk, "DP1",
+                             lambda line: None)
+        saver.save(1)  # room for this one
+        fill(small_disk / "filler")
+        with pytest.raises(BaseException) as failed:
+            saver.save(2)
+    finally:
+        dist.destroy_process_group()
+    line = failure_line(failed.value)
+    assert line.startswith("disk full: OSError: [Errno 28] No space left on device: "), line
+    # weights, exp_avg and exp_avg_sq in fp32; AdamW's two fp32 step counts; the int64
+    # step; the CPU RNG state's bytes.
+    needed = 3 * (256 * 256 + 256) * 4 + 2 * 4 + 8 + torch.get_rng_state().numel()
+    assert line.endswith(f"this rank's part of the checkpoint is {needed} bytes"), line
+    assert sorted(p.name for p in (small_disk / "checkpoints").iterdir()) == ["step-1"]
 
 
 def test_a_slurm_submission_on_a_full_disk_is_refused_before_it_creates_anything(small_disk):

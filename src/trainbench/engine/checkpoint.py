@@ -13,6 +13,7 @@ then rank 0, after a barrier, writes the COMPLETE marker and renames the folder.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -52,6 +53,18 @@ def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
+
+
+def _local_bytes(state: dict) -> int:
+    """Bytes of this rank's tensors in a (nested) state dict: its part of a checkpoint."""
+    total = 0
+    for value in state.values():
+        if isinstance(value, dict):
+            total += _local_bytes(value)
+        elif isinstance(value, torch.Tensor):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            total += local.numel() * local.element_size()
+    return total
 
 
 def format_size(num_bytes: int) -> str:
@@ -126,8 +139,9 @@ class Checkpointer:
             self.folder.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         start = time.time()
+        state = self._state(step)
         try:
-            dcp.save(self._state(step), checkpoint_id=str(partial))
+            dcp.save(state, checkpoint_id=str(partial))
             _maybe_fail_during_save(step, self.rank)
             # Every rank's shards are on disk before the checkpoint becomes visible.
             dist.barrier()
@@ -145,9 +159,20 @@ class Checkpointer:
                 _write_durably(partial / dirs.MARKER_FILE, json.dumps(record, indent=2))
                 os.rename(partial, final)
                 _fsync_dir(self.folder)
-        except (OSError, CheckpointException):
+        except (OSError, CheckpointException) as err:
+            free = shutil.disk_usage(self.folder).free
             # A write error (a full disk) leaves no half-written files to fill it further.
-            shutil.rmtree(partial, ignore_errors=True)
+            # Every rank gets DCP's exception; only rank 0 removes the shared folder, after
+            # measuring the disk, so no rank measures a disk another rank just emptied.
+            if self.rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            needed = _local_bytes(state)
+            if free < needed:
+                # torch's zip writer reports a full disk as "unexpected pos ...", with no
+                # errno: what the disk holds says it, so the run names the cause.
+                raise OSError(errno.ENOSPC, f"No space left on device: {free} bytes free "
+                              f"under {self.folder}, and this rank's part of the checkpoint "
+                              f"is {needed} bytes") from err
             raise
         dist.barrier()
         duration = time.time() - start

@@ -282,7 +282,7 @@ def first_cause(failures: dict[int, tuple[int, int | None]], closed: set[int],
                 errors: dict[int, str]) -> int | None:
     """The rank whose failure came first by cause: killed by a signal nobody in the job
     sent, then an error of its own, then a peer's connection error, then a rank torchrun
-    stopped itself; the lowest rank among equals."""
+    stopped itself; among equals a full disk, then the lowest rank."""
     def tier(rank: int) -> int:
         exitcode, pid = failures.get(rank, (1, None))
         if pid is not None and pid in closed:
@@ -291,7 +291,9 @@ def first_cause(failures: dict[int, tuple[int, int | None]], closed: set[int],
             return 0
         return 2 if _PEER_ERROR.search(errors.get(rank, "")) else 1
     ranks = set(failures) | set(errors)
-    return min(ranks, key=lambda r: (tier(r), r)) if ranks else None
+    # Among equals, a rank that saw the disk full names the cause its peers saw as an error.
+    return min(ranks, key=lambda r: (tier(r), not _DISK_FULL.search(errors.get(r, "")), r)
+               ) if ranks else None
 
 
 def describe_failure(code: int, lines: list[str], errors: dict[int, str] | None = None,
