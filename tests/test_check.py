@@ -335,6 +335,43 @@ def test_pipeline_ranks_trace_the_whole_schedule_and_its_receive_buffers():
             (rank, tensors / 2**30, traced["peak_bytes"] / 2**30)
 
 
+def test_interleaved_trace_counts_each_receive_buffer_once_and_three_stages_gathered():
+    """Llama 3.1 8B at its real width, 8 layers over PP2 x VP4 (one layer a virtual stage),
+    rank 0 traced with 8 and with 16 microbatches. Once the interleaved schedule's warm-up
+    is full (9 stage forwards in flight on rank 0), more microbatches add receive buffers
+    (3 for hidden states and 4 for gradients per microbatch on rank 0's stages 0, 2, 4, 6,
+    each 8192 x 4096 x 2 bytes) and nothing else: the tracker's peak must not grow. It
+    grew by the buffers used before it (2.9 GiB between the two runs) while the tracker
+    counted each buffer a second time when a stage first read it. Torch's schedule runtime
+    keeps at most three of the four virtual stages' bf16 weights gathered; predict and the
+    build count the three largest (the embedding's stage and two one-layer stages)."""
+    from trainbench.check.build import check_rank, trace_rank
+    from trainbench.predict.memory import predict_memory
+    traced = {}
+    for gbs in (64, 128):
+        plan = build_plan("pretrain_llama3.1", "8b", "bf16", 16, "h100",
+                          overrides={"pp": 2, "vp": 4, "tp": 1, "cp": 1, "layers": 8,
+                                     "gbs": gbs, "compile": False})
+        traced[gbs] = trace_rank(plan, 0)
+        assert traced[gbs]["error"] is None, traced[gbs]["error"]
+        assert traced[gbs]["pipeline_buffer_bytes"] == 7 * plan.ga * 8192 * 4096 * 2
+    assert (traced[64]["microbatches"], traced[128]["microbatches"]) == (8, 16)
+    grown = (traced[128]["forward_backward_peak_bytes"]
+             - traced[64]["forward_backward_peak_bytes"])
+    assert abs(grown) < 2**20, grown
+    hidden, kv, vocab, mlp = 4096, 1024, 128256, 14336
+    layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden
+    three_stages = 2 * (vocab * hidden + 3 * layer)  # bf16: the embedding's and two more
+    gathered_at_peak = traced[128]["categories"]["Unsharded Param"]
+    assert 2 * (vocab * hidden + layer) < gathered_at_peak <= three_stages
+    built = check_rank(plan, 0)
+    fp32_grads = 4 * built["params_tp_local"]
+    assert built["pp_step_bytes"] == three_stages + fp32_grads
+    predicted = predict_memory(plan, sharding="engine")
+    assert predicted.weights - 4 * built["params_local"] == pytest.approx(three_stages,
+                                                                           rel=1e-3)
+
+
 @pytest.mark.slow
 def test_first_and_last_rank_of_a_tp_pp_row_trace_in_one_process():
     """Llama 3.1 70B's seed layout (TP4 PP4 CP2 DP2 VP5) cut to 20 layers, 8 microbatches:

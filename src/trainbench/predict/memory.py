@@ -35,6 +35,11 @@ FP8_WEIGHT_CACHE_BYTES = 1.0
 # its peak than the BF16 trace of the same layout, 1.8 B per block parameter (README,
 # "Check"); without recompute the peak is at the loss, after the casts are freed.
 FP8_RECOMPUTE_CAST_BYTES = 2.0
+# torch.distributed.pipelining runs an interleaved schedule through its schedule runtime,
+# which unshards a rank's FSDP-wrapped virtual stages just before they compute and keeps
+# at most three gathered (`_add_unshard_reshard(max_active_stages=3)`, torch >= 2.9's
+# schedules.py); a plain 1F1B stage stays gathered all step.
+GATHERED_VIRTUAL_STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,10 @@ def describe_sharding(ctx: Context) -> str:
     else:
         text = (f"{name} ({whose}): weights, gradients and optimizer state sharded over "
                 f"dp x cp = {n} ranks")
-    if engine and lay.pp > 1:
+    if engine and lay.pp > 1 and lay.vp > GATHERED_VIRTUAL_STAGES:
+        text += (f"; under PP a stage's fp32 gradients stay gathered all step, and the "
+                 f"weights of {GATHERED_VIRTUAL_STAGES} of its {lay.vp} virtual stages")
+    elif engine and lay.pp > 1:
         text += "; under PP a stage's weights and fp32 gradients stay gathered all step"
     return text
 
@@ -161,6 +169,14 @@ def _unit_param_max(ctx: Context) -> float:
     layers = [k for k in w if k not in ("embedding", "head")]
     return max(w["embedding"].params, w["head"].params,
                _largest_block(ctx, layers, lambda lw: lw.params))
+
+
+def _gathered_params(ctx: Context, chunks: list[dict[str, int]]) -> float:
+    """Parameters of the virtual stages a pipeline rank holds gathered at once: all of
+    them under 1F1B, the largest GATHERED_VIRTUAL_STAGES under an interleaved schedule."""
+    sizes = sorted((sum(ctx.work[k].params * n for k, n in chunk.items()) for chunk in chunks),
+                   reverse=True)
+    return sum(sizes if ctx.plan.layout.vp == 1 else sizes[:GATHERED_VIRTUAL_STAGES])
 
 
 def _fp8_params(lw) -> float:
@@ -233,7 +249,7 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
             # step's last backward: the stage's compute-dtype weights stay whole all step and
             # its gradients accumulate unsharded in fp32 (FSDP2's reduce dtype).
             if shard > 1:
-                weights += (2.0 if mixed else 4.0) * params
+                weights += (2.0 if mixed else 4.0) * _gathered_params(ctx, chunks)
             grads += 4.0 * params
             transient = (2.0 if mixed else 4.0) * unit  # a unit's gradient before it is added
 
