@@ -39,11 +39,7 @@ def main(argv: list[str]) -> int:
     trainer = Trainer(plan, exp_dir)
     try:
         trainer.setup()
-        trainer.train()
-        # Leave together: a rank tearing down gloo while a peer still talks to it can
-        # abort the peer after a complete run.
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
+        trainer.train()  # ends with every rank together, ready to tear down
     except BaseException as exc:  # noqa: BLE001 - every failure ends in exit code 1
         # The traceback goes to the log and one line to the launcher: re-raising would
         # print it again, to the terminal (torch's "[rank0]: Traceback ..." hook).

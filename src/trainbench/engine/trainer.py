@@ -635,6 +635,11 @@ class Trainer:
             if saving and (self.step == self.total_steps
                            or (interval > 0 and self.step % interval == 0)):
                 self.checkpointer.save(self.step)
+        # Leave together: a rank tearing down gloo while a peer still talks to it can
+        # abort the peer after a complete run ("terminate called without an active
+        # exception", SIGABRT: the CI run of 2026-11-26, a TP2 run's rank 1).
+        if dist.is_initialized():
+            dist.barrier()
 
     def close(self) -> None:
         if hasattr(self, "tracer"):
