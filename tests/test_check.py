@@ -344,7 +344,9 @@ def test_interleaved_trace_counts_each_receive_buffer_once_and_three_stages_gath
     grew by the buffers used before it (2.9 GiB between the two runs) while the tracker
     counted each buffer a second time when a stage first read it. Torch's schedule runtime
     keeps at most three of the four virtual stages' bf16 weights gathered; predict and the
-    build count the three largest (the embedding's stage and two one-layer stages)."""
+    build count the three largest (the embedding's stage and two one-layer stages). No
+    sharded gradient exists before the step's last backward, in the trace, the build or
+    predict."""
     from trainbench.check.build import check_rank, trace_rank
     from trainbench.predict.memory import predict_memory
     traced = {}
@@ -370,6 +372,11 @@ def test_interleaved_trace_counts_each_receive_buffer_once_and_three_stages_gath
     predicted = predict_memory(plan, sharding="engine")
     assert predicted.weights - 4 * built["params_local"] == pytest.approx(three_stages,
                                                                            rel=1e-3)
+    # Gradients are reduce-scattered only after the step's last backward: at the peak
+    # the stage's unsharded fp32 gradients (the tracker's temporaries) are the only ones.
+    assert not {"Sharded Grad", "Unsharded Grad"} & set(traced[128]["categories"])
+    assert built["grad_bytes"] == 0
+    assert predicted.gradients == pytest.approx(fp32_grads, rel=1e-3)
 
 
 @pytest.mark.slow

@@ -107,6 +107,9 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
         if plan.layout.vp > 1:
             held = held[:GATHERED_VIRTUAL_STAGES]
         info["pp_step_bytes"] = sum(held) + 4 * tp_local
+        # No sharded gradient exists during the step: they come from the reduce-scatter
+        # after its last backward and are set to None after the optimizer step.
+        info["grad_bytes"] = 0
     info["state_bytes"] = info["param_bytes"] + info["grad_bytes"] + info["optimizer_bytes"]
     return info
 

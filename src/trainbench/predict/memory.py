@@ -113,10 +113,12 @@ def describe_sharding(ctx: Context) -> str:
         text = (f"{name} ({whose}): weights, gradients and optimizer state sharded over "
                 f"dp x cp = {n} ranks")
     if engine and lay.pp > 1 and lay.vp > GATHERED_VIRTUAL_STAGES:
-        text += (f"; under PP a stage's fp32 gradients stay gathered all step, and the "
-                 f"weights of {GATHERED_VIRTUAL_STAGES} of its {lay.vp} virtual stages")
+        text += (f"; under PP a stage's fp32 gradients stay whole until the step's last "
+                 f"backward, and the weights of {GATHERED_VIRTUAL_STAGES} of its {lay.vp} "
+                 f"virtual stages stay gathered")
     elif engine and lay.pp > 1:
-        text += "; under PP a stage's weights and fp32 gradients stay gathered all step"
+        text += ("; under PP a stage's weights stay gathered and its fp32 gradients whole "
+                 "until the step's last backward")
     return text
 
 
@@ -250,7 +252,10 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
             # its gradients accumulate unsharded in fp32 (FSDP2's reduce dtype).
             if shard > 1:
                 weights += (2.0 if mixed else 4.0) * _gathered_params(ctx, chunks)
-            grads += 4.0 * params
+            # The sharded gradients appear only when those are reduce-scattered, after the
+            # step's last backward, and are set to None after the optimizer step: at the
+            # step's peak the stage's unsharded fp32 gradients are the only ones.
+            grads = 4.0 * params
             transient = (2.0 if mixed else 4.0) * unit  # a unit's gradient before it is added
 
     recompute = plan.recompute
