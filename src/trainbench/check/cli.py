@@ -165,8 +165,9 @@ def print_table(data: dict) -> None:
             out.print(f"rank {r['rank']}: note: {traced['note']}", highlight=False)
     out.print("weights, grads, Adam: the sharded fp32 master weights, their gradients and the "
               "two AdamW moments this rank keeps (under PP no sharded gradient exists during "
-              "the step: they are reduce-scattered after its last backward); PP step: the compute-dtype weights and fp32 "
-              "gradients a pipeline stage keeps gathered all step (the weights of at most "
+              "the step: they are reduce-scattered after its last backward); PP step: the "
+              "compute-dtype weights and fp32 gradients a pipeline stage keeps gathered all "
+              "step (the weights of at most "
               "three virtual stages at once under an interleaved schedule); predicted state: "
               "`trainbench predict`'s weights + gradients + optimizer for the same pipeline "
               "rank (--sharding engine).", highlight=False)

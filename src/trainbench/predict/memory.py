@@ -211,8 +211,7 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
         for k, n in chunk.items():
             kinds[k] += n
     params = sum(ctx.work[k].params * n for k, n in kinds.items())
-    fp8_params = sum(n * sum(x.k * x.n for x in ctx.work[k].linears if x.fp8)
-                     for k, n in kinds.items())
+    fp8_params = sum(n * _fp8_params(ctx.work[k]) for k, n in kinds.items())
     mixed = plan.dtype != "fp32"
     opt_shards = lay.dp * lay.cp
     # Routed experts are already split over EP, which spans a stage's tp x cp x dp ranks
@@ -248,7 +247,8 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
         if ctx.requested_sharding == ENGINE and lay.pp > 1:
             # Under PP the engine keeps FSDP units gathered after forward, and
             # torch.distributed.pipelining defers resharding and gradient reduction to the
-            # step's last backward: the stage's compute-dtype weights stay whole all step and
+            # step's last backward: the stage's compute-dtype weights stay whole all step
+            # (three virtual stages' under an interleaved schedule, _gathered_params) and
             # its gradients accumulate unsharded in fp32 (FSDP2's reduce dtype).
             if shard > 1:
                 weights += (2.0 if mixed else 4.0) * _gathered_params(ctx, chunks)
