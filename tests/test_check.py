@@ -368,7 +368,7 @@ def test_interleaved_trace_counts_each_receive_buffer_once_and_three_stages_gath
     assert 2 * (vocab * hidden + layer) < gathered_at_peak <= three_stages
     built = check_rank(plan, 0)
     fp32_grads = 4 * built["params_tp_local"]
-    assert built["pp_step_bytes"] == three_stages + fp32_grads
+    assert built["whole_in_step_bytes"] == three_stages + fp32_grads
     predicted = predict_memory(plan, sharding="engine")
     assert predicted.weights - 4 * built["params_local"] == pytest.approx(three_stages,
                                                                            rel=1e-3)
@@ -377,6 +377,38 @@ def test_interleaved_trace_counts_each_receive_buffer_once_and_three_stages_gath
     assert not {"Sharded Grad", "Unsharded Grad"} & set(traced[128]["categories"])
     assert built["grad_bytes"] == 0
     assert predicted.gradients == pytest.approx(fp32_grads, rel=1e-3)
+
+
+def test_distributed_optimizer_sharding_keeps_weights_and_gradients_whole_all_step():
+    """Llama 3.1 8B's seed layout (TP1 CP2 DP4) at its real width, cut to 4 layers, traced
+    under the engine's default (FSDP2 as ZeRO-3) and under dp_sharding=optimizer with bf16
+    gradient reduction (the memory layout of the Megatron distributed optimizer the seed
+    ran). Under the latter, at the peak every bf16 weight is gathered and every bf16
+    gradient whole, and no sharded gradient exists yet; the activations are the same
+    program's, so they must not move. predict (--sharding engine) follows within 10%."""
+    from trainbench.check.build import check_rank, trace_rank
+    from trainbench.predict.memory import predict_memory
+    hidden, kv, vocab, mlp, layers = 4096, 1024, 128256, 14336, 4
+    layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden
+    params = 2 * vocab * hidden + layers * layer + hidden  # untied head, final norm
+    traced, plans = {}, {}
+    for sharding in ("full", "optimizer"):
+        plans[sharding] = build_plan("pretrain_llama3.1", "8b", "bf16", 8, "h100", overrides={
+            "layers": layers, "compile": False, "dp_sharding": sharding, "reduce_dtype": "bf16"})
+        traced[sharding] = trace_rank(plans[sharding], 0)
+        assert traced[sharding]["error"] is None, traced[sharding]["error"]
+    full, whole = traced["full"]["categories"], traced["optimizer"]["categories"]
+    assert "Sharded Grad" in full and "Sharded Grad" not in whole
+    assert whole["Unsharded Param"] == pytest.approx(2 * params, rel=1e-3)
+    assert whole["Unsharded Grad"] == pytest.approx(2 * params, rel=1e-3)
+    assert full["Unsharded Param"] < 0.7 * 2 * params  # two blocks and the root at most
+    assert whole["Activation"] == pytest.approx(full["Activation"], rel=0.02)
+    built = check_rank(plans["optimizer"], 0)
+    assert built["grad_bytes"] == 0 and built["whole_in_step_bytes"] == 4 * params
+    predicted = predict_memory(plans["optimizer"], sharding="engine")
+    tensors = predicted.total - predicted.allowance
+    assert tensors == pytest.approx(traced["optimizer"]["peak_bytes"], rel=0.10)
+    assert "dp_sharding=optimizer" in predicted.assumption
 
 
 @pytest.mark.slow

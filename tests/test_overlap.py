@@ -50,7 +50,8 @@ def test_explicit_prefetch_changes_no_bit_and_is_recorded(dp2_runs):
     assert run_info(on)["fsdp"] == {
         "forward_prefetch": "next block", "backward_prefetch": "previous block",
         "reshard_after_forward": "all blocks but the last; root kept gathered",
-        "param_dtype": "float32", "reduce_dtype": "float32"}
+        "param_dtype": "float32", "reduce_dtype": "float32", "dp_sharding": "full",
+        "gradients_reduced": "every microbatch"}
     assert run_info(off)["fsdp"]["forward_prefetch"] == "FSDP2 default"
     assert run_info(off)["fsdp"]["reshard_after_forward"] == "all blocks; root kept gathered"
     # Same collectives on the same data in another order: identical to the last bit.
@@ -86,14 +87,18 @@ def test_cpu_refuses_what_needs_cuda_in_one_line(tmp_path, settings, message):
 
 
 def test_overlap_keys_are_parsed_and_checked():
-    assert planmod.parse_overrides(["fsdp_prefetch=false reduce_dtype=bf16 cp_impl=ring"]) \
-        == {"fsdp_prefetch": False, "reduce_dtype": "bf16", "cp_impl": "ring"}
+    assert planmod.parse_overrides(["fsdp_prefetch=false reduce_dtype=bf16 cp_impl=ring",
+                                    "dp_sharding=optimizer"]) \
+        == {"fsdp_prefetch": False, "reduce_dtype": "bf16", "cp_impl": "ring",
+            "dp_sharding": "optimizer"}
     with pytest.raises(planmod.PlanError) as err:
-        planmod.parse_overrides(["reduce_dtype=fp16", "fsdp_prefetch=maybe", "cp_impl=ulysses"])
+        planmod.parse_overrides(["reduce_dtype=fp16", "fsdp_prefetch=maybe", "cp_impl=ulysses",
+                                 "dp_sharding=zero2"])
     assert err.value.problems == [
         "--set reduce_dtype=fp16: must be one of fp32, bf16",
         "--set fsdp_prefetch=maybe: must be true or false",
-        "--set cp_impl=ulysses: must be one of allgather, ring"]
+        "--set cp_impl=ulysses: must be one of allgather, ring",
+        "--set dp_sharding=zero2: must be one of full, optimizer"]
     with pytest.raises(planmod.PlanError) as err:
         planmod.build_plan(WORKLOAD, "tiny", "fp32", 2, "cpu", overrides={"cp_impl": "ring"})
     assert err.value.problems == ["--set cp_impl=ring applies only with context parallelism "

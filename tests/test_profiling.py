@@ -113,6 +113,34 @@ def test_profiled_run_traces_only_the_requested_steps(tmp_path):
 
 
 @pytest.mark.dist
+def test_distributed_optimizer_sharding_gathers_and_reduces_once_a_step(tmp_path):
+    """dp_sharding=optimizer on DP2 with 2 microbatches a step: each unit's weights are
+    gathered once a step (not for every forward and backward) and its gradients
+    reduce-scattered once (not every microbatch); the same gradients are summed in
+    another order, so the losses and grad norms agree with the default's to fp32 rounding."""
+    full = train(tmp_path, WORKLOAD, 2, "--nccl-trace", steps=2)
+    once = train(tmp_path, WORKLOAD, 2, "--nccl-trace", "--set", "dp_sharding=optimizer",
+                 steps=2)
+    info = json.loads((once / "run.json").read_text())["fsdp"]
+    assert (info["dp_sharding"], info["gradients_reduced"]) == ("optimizer", "once a step")
+    assert info["reshard_after_forward"] == "none; root kept gathered"
+    block, root = param_counts()
+    layers, ga = 4, 2
+    for exp, gathers, reductions in ((full, ga * 2 * layers, ga * (layers + 1)),
+                                     (once, layers + 1, layers + 1)):
+        comm = json.loads((exp / "comm_summary.json").read_text())["ranks"]["0"]
+        assert collective(comm, "all_gather", "dp")["calls_per_step"] == gathers
+        scatter = collective(comm, "reduce_scatter", "dp")
+        assert scatter["calls_per_step"] == reductions
+        assert scatter["bytes_per_step"] == pytest.approx(
+            reductions // (layers + 1) * (layers * block + root) * 4, rel=BYTES_RTOL)
+    metrics = [read_metrics(exp) for exp in (full, once)]
+    for key in ("loss", "grad_norm"):
+        assert [m[key] for m in metrics[1]] == pytest.approx([m[key] for m in metrics[0]],
+                                                             rel=1e-5)
+
+
+@pytest.mark.dist
 def test_comm_summary_of_dp2_tp2_names_each_dimension(tmp_path):
     dry = run_cli("run", "-w", WORKLOAD, "-s", "tiny", "--scale", "4", "--set", "tp=2",
                   "--gpu", "cpu", "--nccl-trace", "--dry-run", root=tmp_path)

@@ -96,17 +96,19 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
         "grad_bytes": param_bytes,
         "optimizer_bytes": 2 * param_bytes,
         "gathered_bytes": 0 if single else gathered_bytes,
-        "pp_step_bytes": 0,
+        "whole_in_step_bytes": 0,
     }
-    if plan.layout.pp > 1 and not single:
+    if (plan.layout.pp > 1 or plan.dp_sharding == "optimizer") and not single:
         # Under PP the engine keeps each stage's units gathered after forward and torch's
-        # pipelining defers gradient reduction to the last microbatch: the stage's
-        # fp32 TP-local gradients stay whole all step, and its compute-dtype weights, of
-        # at most three virtual stages at once under an interleaved schedule.
+        # pipelining defers gradient reduction to the last microbatch (dp_sharding=
+        # optimizer does the same without a pipeline): the TP-local gradients stay whole
+        # all step in the reduce dtype, and the compute-dtype weights, of at most three
+        # virtual stages at once under an interleaved schedule.
         held = sorted(part_gathered, reverse=True)
         if plan.layout.vp > 1:
             held = held[:GATHERED_VIRTUAL_STAGES]
-        info["pp_step_bytes"] = sum(held) + 4 * tp_local
+        grad_bytes = 2 if plan.reduce_dtype == "bf16" and compute == 2 else 4
+        info["whole_in_step_bytes"] = sum(held) + grad_bytes * tp_local
         # No sharded gradient exists during the step: they come from the reduce-scatter
         # after its last backward and are set to None after the optimizer step.
         info["grad_bytes"] = 0
@@ -369,7 +371,8 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
 
     Two microbatches reach the steady peak of a step without a pipeline: every later
     one repeats the second (FSDP gathers, frees and reduces the same units; the sharded
-    gradients already exist). The optimizer step is not traced: under FakeTensorMode the
+    gradients already exist). Under dp_sharding=optimizer the first accumulates whole
+    gradients and the second, the step's last, reduce-scatters them. The optimizer step is not traced: under FakeTensorMode the
     engine's foreach AdamW shows 13-27 times the two fp32 moments alive inside the step
     (Llama 3.1 8B and Nemotron-4 15B cut to 4 layers), while foreach=False shows none of
     that and after the step the tracker holds exactly the two moments: an artefact of the
@@ -417,10 +420,11 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
                 _track_every_microbatch(trainer.pipeline, tracker)
                 _counted_apart(tracker, buffers)
             with tracker:
-                for inputs, labels in batches:
+                for index, (inputs, labels) in enumerate(batches):
                     if pipeline:
                         trainer.pipeline_step(inputs, labels)
                     else:
+                        trainer.accumulate_whole(last=index == len(batches) - 1)
                         trainer.forward_backward_step(inputs, labels)
                     # Module-wise stats cover one forward each; the peak is kept.
                     tracker.reset_mod_stats()

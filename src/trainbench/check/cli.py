@@ -62,8 +62,9 @@ def predicted_for_rank(plan, pp_rank: int, config: dict | None = None) -> dict |
 def built_model_state(info: dict) -> int:
     """Bytes of model state a built rank holds at its peak as the engine runs it: the
     sharded master weights, gradients and Adam moments, plus (under PP) the gathered
-    weights and unsharded gradients a stage keeps all step."""
-    return info["state_bytes"] + info["pp_step_bytes"]
+    weights and unsharded gradients a stage keeps all step (under dp_sharding=optimizer,
+    the whole rank's)."""
+    return info["state_bytes"] + info["whole_in_step_bytes"]
 
 
 def gap_pct(predicted: float, measured: float) -> float | None:
@@ -120,7 +121,7 @@ def print_table(data: dict) -> None:
                         f"x {data['gpu_type']}: {data['layout']} (built on meta, fake process "
                         "group; GiB per rank)")
     for col in ("rank", "pp dp cp tp", "layers", "params held", "stand for", "weights",
-                "grads", "Adam", "PP step", "built state", "predicted state", "gap"):
+                "grads", "Adam", "whole in step", "built state", "predicted state", "gap"):
         table.add_column(col, justify="left" if col in ("layers", "pp dp cp tp") else "right")
     for r in data["ranks"]:
         coords = f"{r['pp']} {r['dp']} {r['cp']} {r['tp']}"
@@ -134,7 +135,7 @@ def print_table(data: dict) -> None:
             str(r["rank"]), coords, _layers_text(r["stages"]), f"{r['params_local']:,}",
             f"{r['params_unsharded']:,}", f"{r['param_bytes'] / GIB:.2f}",
             f"{r['grad_bytes'] / GIB:.2f}", f"{r['optimizer_bytes'] / GIB:.2f}",
-            f"{r['pp_step_bytes'] / GIB:.2f}", f"{r['built_model_state_bytes'] / GIB:.2f}",
+            f"{r['whole_in_step_bytes'] / GIB:.2f}", f"{r['built_model_state_bytes'] / GIB:.2f}",
             "-" if pred is None else f"{pred['model_state'] / GIB:.2f}",
             "-" if gap is None else f"{gap:+.1f}%")
     out = console()
@@ -164,11 +165,12 @@ def print_table(data: dict) -> None:
         if traced.get("note"):
             out.print(f"rank {r['rank']}: note: {traced['note']}", highlight=False)
     out.print("weights, grads, Adam: the sharded fp32 master weights, their gradients and the "
-              "two AdamW moments this rank keeps (under PP no sharded gradient exists during "
-              "the step: they are reduce-scattered after its last backward); PP step: the "
-              "compute-dtype weights and fp32 gradients a pipeline stage keeps gathered all "
-              "step (the weights of at most "
-              "three virtual stages at once under an interleaved schedule); predicted state: "
+              "two AdamW moments this rank keeps (under PP or dp_sharding=optimizer no sharded "
+              "gradient exists during the step: they are reduce-scattered after its last "
+              "backward); whole in step: the compute-dtype weights and the gradients (in the "
+              "reduce dtype) kept gathered and whole all step, under PP (the weights of at "
+              "most three virtual stages at once under an interleaved schedule) or "
+              "dp_sharding=optimizer; predicted state: "
               "`trainbench predict`'s weights + gradients + optimizer for the same pipeline "
               "rank (--sharding engine).", highlight=False)
 

@@ -334,7 +334,10 @@ class Trainer:
         out = {}
         fsdp = getattr(self.model_parts[0], "fsdp_settings", None)
         if fsdp is not None:
-            out["fsdp"] = fsdp
+            once = self.pipeline is not None or self.plan.dp_sharding == "optimizer"
+            out["fsdp"] = {**fsdp, "dp_sharding": self.plan.dp_sharding,
+                           "gradients_reduced": "once a step" if once
+                           else "every microbatch"}
         if self.dims.tp_enabled:
             out["async_tp"] = self.plan.async_tp
         if self.dims.cp_enabled:
@@ -472,6 +475,19 @@ class Trainer:
             (loss / self.plan.ga).backward()
         return _plain(loss.detach())
 
+    def accumulate_whole(self, last: bool) -> None:
+        """Before each microbatch of a step without a pipeline, under dp_sharding=optimizer:
+        keep the weights gathered and the gradients whole and unreduced until the step's
+        last microbatch, whose backward reshards the weights and reduce-scatters the
+        gradients, once a step (a pipeline's schedule sets the same FSDP2 flags itself)."""
+        if self.plan.dp_sharding != "optimizer" or self.pipeline is not None:
+            return
+        from torch.distributed.fsdp import FSDPModule
+        for part in self.model_parts:
+            if isinstance(part, FSDPModule):
+                part.set_requires_gradient_sync(last)
+                part.set_reshard_after_backward(last)
+
     def pipeline_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """All of a step's microbatches (concatenated) through the pipeline schedule.
 
@@ -566,7 +582,8 @@ class Trainer:
         if self.pipeline is not None:
             loss_sum += self.pipeline_step(*batches[0])
         else:
-            for inputs, labels in batches:
+            for index, (inputs, labels) in enumerate(batches):
+                self.accumulate_whole(last=index == len(batches) - 1)
                 loss_sum += self.forward_backward_step(inputs, labels)
         grad_norm = clip_grad_norm_(self.model.parameters(), max_norm=1.0,
                                     pp_mesh=self.pp_mesh)

@@ -112,13 +112,18 @@ def describe_sharding(ctx: Context) -> str:
     else:
         text = (f"{name} ({whose}): weights, gradients and optimizer state sharded over "
                 f"dp x cp = {n} ranks")
-    if engine and lay.pp > 1 and lay.vp > GATHERED_VIRTUAL_STAGES:
-        text += (f"; under PP a stage's fp32 gradients stay whole until the step's last "
+    grad_dtype = "bf16" if ctx.plan.reduce_dtype == "bf16" and ctx.plan.dtype != "fp32" \
+        else "fp32"
+    if engine and lay.pp == 1 and ctx.plan.dp_sharding == "optimizer" and n > 1:
+        text += (f"; dp_sharding=optimizer: weights gathered all step and {grad_dtype} "
+                 "gradients whole until the step's last backward")
+    elif engine and lay.pp > 1 and lay.vp > GATHERED_VIRTUAL_STAGES:
+        text += (f"; under PP a stage's {grad_dtype} gradients stay whole until the step's last "
                  f"backward, and the weights of {GATHERED_VIRTUAL_STAGES} of its {lay.vp} "
                  f"virtual stages stay gathered")
     elif engine and lay.pp > 1:
-        text += ("; under PP a stage's weights stay gathered and its fp32 gradients whole "
-                 "until the step's last backward")
+        text += (f"; under PP a stage's weights stay gathered and its {grad_dtype} gradients "
+                 "whole until the step's last backward")
     return text
 
 
@@ -244,18 +249,19 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
         if shard == 1:
             weights += (2.0 if mixed else 0.0) * params  # the bf16 compute copy
             weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
-        if ctx.requested_sharding == ENGINE and lay.pp > 1:
-            # Under PP the engine keeps FSDP units gathered after forward, and
-            # torch.distributed.pipelining defers resharding and gradient reduction to the
-            # step's last backward: the stage's compute-dtype weights stay whole all step
-            # (three virtual stages' under an interleaved schedule, _gathered_params) and
-            # its gradients accumulate unsharded in fp32 (FSDP2's reduce dtype).
+        if ctx.requested_sharding == ENGINE and (lay.pp > 1 or plan.dp_sharding == "optimizer"):
+            # Under PP (torch.distributed.pipelining) and under dp_sharding=optimizer (the
+            # trainer's accumulate_whole) the engine keeps FSDP units gathered after
+            # forward and defers resharding and gradient reduction to the step's last
+            # backward: the compute-dtype weights stay whole all step (three virtual
+            # stages' under an interleaved schedule, _gathered_params) and the gradients
+            # accumulate unsharded in FSDP2's reduce dtype.
             if shard > 1:
                 weights += (2.0 if mixed else 4.0) * _gathered_params(ctx, chunks)
             # The sharded gradients appear only when those are reduce-scattered, after the
             # step's last backward, and are set to None after the optimizer step: at the
-            # step's peak the stage's unsharded fp32 gradients are the only ones.
-            grads = 4.0 * params
+            # step's peak the unsharded gradients are the only ones.
+            grads = (2.0 if mixed and plan.reduce_dtype == "bf16" else 4.0) * params
             transient = (2.0 if mixed else 4.0) * unit  # a unit's gradient before it is added
 
     recompute = plan.recompute

@@ -54,19 +54,23 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
     # FSDP2 on its own overlaps one all-gather ahead in forward only when the CPU runs
     # ahead of the GPU, and its backward prefetch follows the recorded forward order.
     # Naming the next (forward) and previous (backward) block makes the all-gather of
-    # block i+1 / i-1 start before block i computes, whatever the CPU does. Under a
-    # pipeline (no reshard after forward) parameters stay gathered: nothing to prefetch.
-    explicit = prefetch and reshard_after_forward and layers is not None and len(blocks) > 1
+    # block i+1 / i-1 start before block i computes, whatever the CPU does. Without a
+    # reshard after forward (a pipeline, dp_sharding=optimizer) the weights stay gathered
+    # from the forward on: only the step's first forward has anything to prefetch.
+    explicit = prefetch and layers is not None and len(blocks) > 1
+    backward = explicit and reshard_after_forward
     if explicit:
         for index, block in enumerate(blocks):
             if index + 1 < len(blocks):
                 block.set_modules_to_forward_prefetch([blocks[index + 1]])
-            if index > 0:
+            if index > 0 and backward:
                 block.set_modules_to_backward_prefetch([blocks[index - 1]])
     model.fsdp_settings = {
         "forward_prefetch": "next block" if explicit else "FSDP2 default",
-        "backward_prefetch": "previous block" if explicit else "FSDP2 default",
-        "reshard_after_forward": ("none (pipeline)" if not reshard_after_forward
+        "backward_prefetch": ("previous block" if backward
+                              else "none (weights kept gathered)" if explicit
+                              else "FSDP2 default"),
+        "reshard_after_forward": ("none" if not reshard_after_forward
                                   else "all blocks but the last" if prefetch
                                   else "all blocks") + "; root kept gathered",
         "param_dtype": str(compute_dtype).removeprefix("torch."),
