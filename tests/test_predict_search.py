@@ -6,7 +6,7 @@ from trainbench.predict.search import candidate_overrides, search
 def test_llama31_70b_bf16_on_64_h100_ranks_the_seed_layout_in_its_top_5():
     # Seed 002: Llama 3.1 70B BF16 on 64 H100 runs TP4 PP4 CP2 VP5 MBS1.
     result = search("pretrain_llama3.1", "70b", "bf16", 64, "h100")
-    assert result.recipe_key == (4, 4, 2, 5, 1, "none")
+    assert result.recipe_key == (4, 4, 2, 5, 1, "none", "full")
     rank = result.layout_rank_of(result.recipe_key)
     assert rank is not None and rank <= 5
     # Every ranked layout is valid, fits with headroom and is sorted by step time.
@@ -37,3 +37,25 @@ def test_search_with_a_fixed_key_and_an_impossible_scale():
     assert fixed.ranked and all(c.plan.layout.tp == 2 for c in fixed.ranked)
     none = search("pretrain_llama3.1", "405b", "bf16", 8, "h100", overrides={"gbs": 64})
     assert none.ranked == [] and none.not_fitting > 0
+
+
+def test_engine_search_weighs_the_data_parallel_sharding():
+    """As the engine runs it, each layout without a pipeline comes in both shardings. On
+    the 8B seed row (32 microbatches a step) gathering the weights once a step instead of
+    twice a microbatch is faster and holds more (whole bf16 weights and gradients), and
+    with bf16 gradients it fits: the search ranks the seed's own layout first that way.
+    Under PP both shardings are one program, so only one is listed."""
+    result = search("pretrain_llama3.1", "8b", "bf16", 8, "h100", sharding="engine",
+                    overrides={"reduce_dtype": "bf16"})
+    family = {c.plan.dp_sharding: c for c in result.ranked
+              if c.key[:6] == (1, 1, 2, 1, 1, "none")}
+    assert set(family) == {"full", "optimizer"}
+    once, every = family["optimizer"].prediction, family["full"].prediction
+    assert once.step_time_s < every.step_time_s
+    assert once.memory.total > every.memory.total
+    assert result.best_per_layout()[0].key == (1, 1, 2, 1, 1, "none", "optimizer")
+    assert result.layout_rank_of(result.recipe_key) == 1
+    assert all(c.plan.dp_sharding == "full" for c in result.ranked if c.plan.layout.pp > 1)
+    # The recipe's framework has one sharding of its own: nothing to choose.
+    recipe = search("pretrain_llama3.1", "8b", "bf16", 8, "h100")
+    assert {c.plan.dp_sharding for c in recipe.ranked} == {"full"}

@@ -244,7 +244,7 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
     lines = [f"{data['considered']} layouts considered: {data['invalid']} invalid, "
              f"{data['not_fitting']} do not fit, {data['within_headroom']} fit by less than "
              f"{100 * headroom:.0f}% headroom; {data['layouts']} layouts ranked "
-             "(each with its best VP and recompute choice)."]
+             "(each with its best VP, recompute and sharding choice)."]
     if data["recipe_layout"] is not None:
         rank = data["recipe_layout_rank"]
         rl = data["recipe_layout"]

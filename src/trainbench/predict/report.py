@@ -17,7 +17,8 @@ def layout_dict(plan: Plan) -> dict:
     lay = plan.layout
     return {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp,
             "dp_shard": lay.dp_shard, "mbs": plan.mbs, "gbs": plan.gbs, "ga": plan.ga,
-            "seq_len": plan.seq_len, "recompute": plan.recompute}
+            "seq_len": plan.seq_len, "recompute": plan.recompute,
+            "dp_sharding": plan.dp_sharding}
 
 
 def published_reference(plan: Plan, overrides: dict) -> references.Reference | None:
@@ -103,7 +104,8 @@ def search_dict(result: SearchResult, top: int) -> dict:
         "ranked_variants": len(result.ranked),
         "layouts": len(best),
         "recipe_layout": None if result.recipe_key is None else dict(
-            zip(("tp", "pp", "cp", "vp", "mbs", "recompute"), result.recipe_key)),
+            zip(("tp", "pp", "cp", "vp", "mbs", "recompute", "dp_sharding"),
+                result.recipe_key)),
         "recipe_layout_rank": (result.layout_rank_of(result.recipe_key)
                                if result.recipe_key else None),
         "recipe_variant_rank": result.rank_of(result.recipe_key) if result.recipe_key else None,

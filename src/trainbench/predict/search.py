@@ -1,6 +1,7 @@
-"""Search the parallel layouts of a workload at a scale: enumerate TP, PP, VP, CP, MBS and
-the recompute choice, drop what is invalid or does not fit, rank the rest by predicted
-step time (the global batch stays fixed, so step time ranks throughput too).
+"""Search the parallel layouts of a workload at a scale: enumerate TP, PP, VP, CP, MBS, the
+recompute choice and (as trainbench's engine runs it) the data-parallel sharding, drop what
+is invalid or does not fit, rank the rest by predicted step time (the global batch stays
+fixed, so step time ranks throughput too).
 Pure Python.
 """
 
@@ -10,15 +11,15 @@ from dataclasses import dataclass
 
 from ..catalog import hardware
 from ..catalog.models import get_model
-from ..plan import Plan, PlanError, build_plan, layers_split_ok, pipeline_layers
-from .context import make_context
+from ..plan import CHOICE_KEYS, Plan, PlanError, build_plan, layers_split_ok, pipeline_layers
+from .context import ENGINE, make_context
 from .device import GIB
 from .memory import memory_from_context
 from .perf import StepPrediction, predict_from_context
 
 RECOMPUTE = ("none", "selective", "full")
 MBS_CHOICES = (1, 2, 4)
-SEARCH_KEYS = ("tp", "pp", "cp", "vp", "mbs", "recompute")
+SEARCH_KEYS = ("tp", "pp", "cp", "vp", "mbs", "recompute", "dp_sharding")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class Candidate:
     @property
     def key(self) -> tuple:
         lay = self.plan.layout
-        return (lay.tp, lay.pp, lay.cp, lay.vp, self.plan.mbs, self.plan.recompute)
+        return (lay.tp, lay.pp, lay.cp, lay.vp, self.plan.mbs, self.plan.recompute,
+                self.plan.dp_sharding)
 
     def describe(self) -> str:
         lay = self.plan.layout
@@ -39,6 +41,8 @@ class Candidate:
         text += f" MBS{self.plan.mbs}"
         if self.plan.recompute != "none":
             text += f" recompute={self.plan.recompute}"
+        if self.plan.dp_sharding != "full":
+            text += f" dp_sharding={self.plan.dp_sharding}"
         return text
 
     def why(self) -> str:
@@ -79,9 +83,9 @@ class SearchResult:
         return None
 
     def best_per_layout(self) -> list[Candidate]:
-        """The fastest variant of each (TP, PP, CP, MBS): the virtual-pipeline depth and
-        the recompute choice are schedule and memory knobs, so each layout shows once, with
-        its best VP and recompute."""
+        """The fastest variant of each (TP, PP, CP, MBS): the virtual-pipeline depth, the
+        recompute choice and the data-parallel sharding are schedule and memory knobs, so
+        each layout shows once, with its best VP, recompute and sharding."""
         seen, out = set(), []
         for cand in self.ranked:
             lay = cand.plan.layout
@@ -93,9 +97,10 @@ class SearchResult:
 
     def layout_rank_of(self, key: tuple) -> int | None:
         """1-based rank of a layout in best_per_layout(), None when it is not listed there
-        (dropped, or another VP of its family is faster)."""
+        (dropped, or another VP of its family is faster). Its data-parallel sharding is not
+        compared: a recipe's framework shards its own way (--sharding)."""
         for i, cand in enumerate(self.best_per_layout(), 1):
-            if cand.key == key:
+            if cand.key[:-1] == key[:-1]:
                 return i
         return None
 
@@ -105,9 +110,11 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidate_overrides(workload: str, size: str, scale: int, gpu_type: str,
-                        fixed: dict) -> list[dict]:
+                        fixed: dict, dp_shardings: tuple[str, ...] = ("full",)) -> list[dict]:
     """Layout overrides worth building: TP inside an NVLink domain and dividing the heads,
-    PP and VP that split the layers, CP dividing the sequence (not for Mamba models)."""
+    PP and VP that split the layers, CP dividing the sequence (not for Mamba models), and
+    each of `dp_shardings` where it differs (not under PP, which gathers once a step
+    either way, nor without data or context parallel ranks to shard over)."""
     model = get_model(workload, size)
     if "layers" in fixed and not model.is_hybrid:
         model = model.with_layers(int(fixed["layers"]))
@@ -134,8 +141,13 @@ def candidate_overrides(workload: str, size: str, scale: int, gpu_type: str,
                 for vp in ([fixed["vp"]] if "vp" in fixed else vps):
                     for mbs in ([fixed["mbs"]] if "mbs" in fixed else MBS_CHOICES):
                         for rc in ([fixed["recompute"]] if "recompute" in fixed else RECOMPUTE):
-                            out.append(dict(tp=tp, cp=cp, pp=pp, vp=vp, mbs=mbs, recompute=rc,
-                                            dp=scale // (tp * cp * pp)))
+                            dp = scale // (tp * cp * pp)
+                            shardings = ([fixed["dp_sharding"]] if "dp_sharding" in fixed
+                                         else dp_shardings if pp == 1 and dp * cp > 1
+                                         else dp_shardings[:1])
+                            for ds in shardings:
+                                out.append(dict(tp=tp, cp=cp, pp=pp, vp=vp, mbs=mbs,
+                                                recompute=rc, dp=dp, dp_sharding=ds))
     return out
 
 
@@ -161,13 +173,16 @@ def search(workload: str, size: str, dtype: str, scale: int, gpu_type: str = "h1
         recipe_plan = build_plan(workload, size, dtype, scale, gpu_type, overrides=dict(fixed))
         lay = recipe_plan.layout
         result.recipe_key = (lay.tp, lay.pp, lay.cp, lay.vp, recipe_plan.mbs,
-                             recipe_plan.recompute)
+                             recipe_plan.recompute, recipe_plan.dp_sharding)
         if "gbs" not in base:
             base["gbs"] = recipe_plan.gbs  # keep the recipe's global batch at this scale
     except PlanError:
         pass
     fits_all = []
-    for layout in candidate_overrides(workload, size, scale, gpu_type, fixed):
+    # The data-parallel sharding changes what the engine holds and sends; the recipe's
+    # framework (--sharding recipe) has one of its own.
+    shardings = CHOICE_KEYS["dp_sharding"] if sharding == ENGINE else ("full",)
+    for layout in candidate_overrides(workload, size, scale, gpu_type, fixed, shardings):
         result.considered += 1
         try:
             plan = build_plan(workload, size, dtype, scale, gpu_type,
