@@ -381,18 +381,20 @@ def test_interleaved_trace_counts_each_receive_buffer_once_and_three_stages_gath
 
 def test_distributed_optimizer_sharding_keeps_weights_and_gradients_whole_all_step():
     """Llama 3.1 8B's seed layout (TP1 CP2 DP4) at its real width, cut to 4 layers, traced
-    under the engine's default (FSDP2 as ZeRO-3) and under dp_sharding=optimizer with bf16
-    gradient reduction (the memory layout of the Megatron distributed optimizer the seed
-    ran). Under the latter, at the peak every bf16 weight is gathered and every bf16
-    gradient whole, and no sharded gradient exists yet; the activations are the same
-    program's, so they must not move. predict (--sharding engine) follows within 10%."""
+    under the engine's default (FSDP2 as ZeRO-3), dp_sharding=gradients (ZeRO-2) and
+    dp_sharding=optimizer (ZeRO-1, the memory layout of the Megatron distributed optimizer
+    the seed ran), with bf16 gradient reduction. Under optimizer, at the peak every bf16
+    weight is gathered and every bf16 gradient whole, and no sharded gradient exists yet;
+    under gradients the weights are gathered and the gradients sharded. The activations
+    are the same program's, so they must not move. predict (--sharding engine) follows
+    within 10%."""
     from trainbench.check.build import check_rank, trace_rank
     from trainbench.predict.memory import predict_memory
     hidden, kv, vocab, mlp, layers = 4096, 1024, 128256, 14336, 4
     layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden
     params = 2 * vocab * hidden + layers * layer + hidden  # untied head, final norm
     traced, plans = {}, {}
-    for sharding in ("full", "optimizer"):
+    for sharding in ("full", "gradients", "optimizer"):
         plans[sharding] = build_plan("pretrain_llama3.1", "8b", "bf16", 8, "h100", overrides={
             "layers": layers, "compile": False, "dp_sharding": sharding, "reduce_dtype": "bf16"})
         traced[sharding] = trace_rank(plans[sharding], 0)
@@ -403,12 +405,21 @@ def test_distributed_optimizer_sharding_keeps_weights_and_gradients_whole_all_st
     assert whole["Unsharded Grad"] == pytest.approx(2 * params, rel=1e-3)
     assert full["Unsharded Param"] < 0.7 * 2 * params  # two blocks and the root at most
     assert whole["Activation"] == pytest.approx(full["Activation"], rel=0.02)
+    kept = traced["gradients"]["categories"]
+    assert kept["Unsharded Param"] == pytest.approx(2 * params, rel=1e-3)
+    assert kept["Sharded Grad"] == pytest.approx(full["Sharded Grad"], rel=1e-6)
+    assert kept.get("Unsharded Grad", 0) < 0.2 * 2 * params  # a unit's, not the model's
+    assert kept["Activation"] == pytest.approx(full["Activation"], rel=0.02)
     built = check_rank(plans["optimizer"], 0)
     assert built["grad_bytes"] == 0 and built["whole_in_step_bytes"] == 4 * params
-    predicted = predict_memory(plans["optimizer"], sharding="engine")
-    tensors = predicted.total - predicted.allowance
-    assert tensors == pytest.approx(traced["optimizer"]["peak_bytes"], rel=0.10)
-    assert "dp_sharding=optimizer" in predicted.assumption
+    built = check_rank(plans["gradients"], 0)
+    assert built["grad_bytes"] == built["param_bytes"]
+    assert built["whole_in_step_bytes"] == 2 * params
+    for sharding in ("gradients", "optimizer"):
+        predicted = predict_memory(plans[sharding], sharding="engine")
+        tensors = predicted.total - predicted.allowance
+        assert tensors == pytest.approx(traced[sharding]["peak_bytes"], rel=0.10)
+        assert f"dp_sharding={sharding}" in predicted.assumption
 
 
 @pytest.mark.slow

@@ -98,7 +98,7 @@ def test_overlap_keys_are_parsed_and_checked():
         "--set reduce_dtype=fp16: must be one of fp32, bf16",
         "--set fsdp_prefetch=maybe: must be true or false",
         "--set cp_impl=ulysses: must be one of allgather, ring",
-        "--set dp_sharding=zero2: must be one of full, optimizer"]
+        "--set dp_sharding=zero2: must be one of full, gradients, optimizer"]
     with pytest.raises(planmod.PlanError) as err:
         planmod.build_plan(WORKLOAD, "tiny", "fp32", 2, "cpu", overrides={"cp_impl": "ring"})
     assert err.value.problems == ["--set cp_impl=ring applies only with context parallelism "

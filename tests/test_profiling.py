@@ -113,20 +113,26 @@ def test_profiled_run_traces_only_the_requested_steps(tmp_path):
 
 
 @pytest.mark.dist
-def test_distributed_optimizer_sharding_gathers_and_reduces_once_a_step(tmp_path):
-    """dp_sharding=optimizer on DP2 with 2 microbatches a step: each unit's weights are
-    gathered once a step (not for every forward and backward) and its gradients
-    reduce-scattered once (not every microbatch); the same gradients are summed in
-    another order, so the losses and grad norms agree with the default's to fp32 rounding."""
+def test_zero_stages_gather_and_reduce_as_often_as_they_say(tmp_path):
+    """dp_sharding on DP2 with 2 microbatches a step. gradients (ZeRO-2) and optimizer
+    (ZeRO-1) gather each unit's weights once a step, not for every forward and backward;
+    optimizer also reduce-scatters its gradients once, not every microbatch. The same
+    gradients are summed in another order, so the losses and grad norms agree with the
+    default's (ZeRO-3) to fp32 rounding."""
     full = train(tmp_path, WORKLOAD, 2, "--nccl-trace", steps=2)
+    kept = train(tmp_path, WORKLOAD, 2, "--nccl-trace", "--set", "dp_sharding=gradients",
+                 steps=2)
     once = train(tmp_path, WORKLOAD, 2, "--nccl-trace", "--set", "dp_sharding=optimizer",
                  steps=2)
     info = json.loads((once / "run.json").read_text())["fsdp"]
     assert (info["dp_sharding"], info["gradients_reduced"]) == ("optimizer", "once a step")
     assert info["reshard_after_forward"] == "none; root kept gathered"
+    info = json.loads((kept / "run.json").read_text())["fsdp"]
+    assert (info["dp_sharding"], info["gradients_reduced"]) == ("gradients", "every microbatch")
     block, root = param_counts()
     layers, ga = 4, 2
     for exp, gathers, reductions in ((full, ga * 2 * layers, ga * (layers + 1)),
+                                     (kept, layers + 1, ga * (layers + 1)),
                                      (once, layers + 1, layers + 1)):
         comm = json.loads((exp / "comm_summary.json").read_text())["ranks"]["0"]
         assert collective(comm, "all_gather", "dp")["calls_per_step"] == gathers
@@ -134,10 +140,11 @@ def test_distributed_optimizer_sharding_gathers_and_reduces_once_a_step(tmp_path
         assert scatter["calls_per_step"] == reductions
         assert scatter["bytes_per_step"] == pytest.approx(
             reductions // (layers + 1) * (layers * block + root) * 4, rel=BYTES_RTOL)
-    metrics = [read_metrics(exp) for exp in (full, once)]
-    for key in ("loss", "grad_norm"):
-        assert [m[key] for m in metrics[1]] == pytest.approx([m[key] for m in metrics[0]],
-                                                             rel=1e-5)
+    reference, *others = [read_metrics(exp) for exp in (full, kept, once)]
+    for metrics in others:
+        for key in ("loss", "grad_norm"):
+            assert [m[key] for m in metrics] == pytest.approx([m[key] for m in reference],
+                                                              rel=1e-5)
 
 
 @pytest.mark.dist

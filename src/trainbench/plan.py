@@ -126,14 +126,16 @@ class Plan:
     reduce_dtype: str = "fp32"
     """dtype of FSDP's gradient reduce-scatter: 'fp32' (default) or 'bf16'."""
     dp_sharding: str = "full"
-    """What the data-parallel ranks shard during a step. 'full' (FSDP2 as ZeRO-3): each
-    block's weights are gathered for its forward and again for its backward, and its
-    gradients reduce-scattered, every microbatch. 'optimizer': the weights are gathered
-    once a step and kept, the gradients accumulate whole (in reduce_dtype) and are
+    """What the data-parallel ranks shard during a step (the ZeRO stages of Rajbhandari et
+    al. 2020). 'full' (FSDP2 as ZeRO-3): each block's weights are gathered for its forward
+    and again for its backward, and its gradients reduce-scattered, every microbatch.
+    'gradients' (ZeRO-2): the weights are gathered once a step and kept; the gradients are
+    reduce-scattered every microbatch. 'optimizer' (ZeRO-1): the weights are gathered once
+    a step and kept, the gradients accumulate whole (in reduce_dtype) and are
     reduce-scattered once, after the step's last backward; only the fp32 master weights
     and AdamW's moments stay sharded: the memory layout of Megatron's distributed
-    optimizer, which the NeMo seeds ran. A pipeline runs that way under either (torch's
-    schedules defer resharding and reduction to the last microbatch)."""
+    optimizer, which the NeMo seeds ran. A pipeline runs as 'optimizer' under any of them
+    (torch's schedules defer resharding and reduction to the last microbatch)."""
     async_tp: bool = False
     """Asynchronous tensor parallel (inductor's micro-pipelined TP); CUDA, NCCL, compile."""
     cp_impl: str = "allgather"
@@ -219,7 +221,7 @@ INT_KEYS = LAYOUT_KEYS + ("mbs", "gbs", "seq_len", "layers", "steps", "warmup_st
 FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
 CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES,
                "reduce_dtype": ("fp32", "bf16"), "cp_impl": ("allgather", "ring"),
-               "dp_sharding": ("full", "optimizer")}
+               "dp_sharding": ("full", "gradients", "optimizer")}
 BOOL_KEYS = ("compile", "fsdp_prefetch", "async_tp")
 TEXT_KEYS = ("pp_split",)
 SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS + TEXT_KEYS
@@ -520,7 +522,7 @@ def overlap_problems(plan: Plan) -> list[str]:
     if plan.reduce_dtype not in CHOICE_KEYS["reduce_dtype"]:
         p.append(f"reduce_dtype {plan.reduce_dtype!r} is not one of fp32, bf16")
     if plan.dp_sharding not in CHOICE_KEYS["dp_sharding"]:
-        p.append(f"dp_sharding {plan.dp_sharding!r} is not one of full, optimizer")
+        p.append(f"dp_sharding {plan.dp_sharding!r} is not one of full, gradients, optimizer")
     return p
 
 

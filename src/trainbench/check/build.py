@@ -98,20 +98,24 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
         "gathered_bytes": 0 if single else gathered_bytes,
         "whole_in_step_bytes": 0,
     }
-    if (plan.layout.pp > 1 or plan.dp_sharding == "optimizer") and not single:
+    if (plan.layout.pp > 1 or plan.dp_sharding != "full") and not single:
         # Under PP the engine keeps each stage's units gathered after forward and torch's
         # pipelining defers gradient reduction to the last microbatch (dp_sharding=
         # optimizer does the same without a pipeline): the TP-local gradients stay whole
         # all step in the reduce dtype, and the compute-dtype weights, of at most three
-        # virtual stages at once under an interleaved schedule.
+        # virtual stages at once under an interleaved schedule. dp_sharding=gradients
+        # keeps the weights gathered and reduce-scatters every microbatch.
         held = sorted(part_gathered, reverse=True)
         if plan.layout.vp > 1:
             held = held[:GATHERED_VIRTUAL_STAGES]
-        grad_bytes = 2 if plan.reduce_dtype == "bf16" and compute == 2 else 4
-        info["whole_in_step_bytes"] = sum(held) + grad_bytes * tp_local
-        # No sharded gradient exists during the step: they come from the reduce-scatter
-        # after its last backward and are set to None after the optimizer step.
-        info["grad_bytes"] = 0
+        info["whole_in_step_bytes"] = sum(held)
+        if plan.layout.pp > 1 or plan.dp_sharding == "optimizer":
+            grad_bytes = 2 if plan.reduce_dtype == "bf16" and compute == 2 else 4
+            info["whole_in_step_bytes"] += grad_bytes * tp_local
+            # No sharded gradient exists during the step: they come from the
+            # reduce-scatter after its last backward and are set to None after the
+            # optimizer step.
+            info["grad_bytes"] = 0
     info["state_bytes"] = info["param_bytes"] + info["grad_bytes"] + info["optimizer_bytes"]
     return info
 
@@ -424,7 +428,7 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2) -> dict:
                     if pipeline:
                         trainer.pipeline_step(inputs, labels)
                     else:
-                        trainer.accumulate_whole(last=index == len(batches) - 1)
+                        trainer.before_microbatch(last=index == len(batches) - 1)
                         trainer.forward_backward_step(inputs, labels)
                     # Module-wise stats cover one forward each; the peak is kept.
                     tracker.reset_mod_stats()

@@ -63,7 +63,7 @@ def built_model_state(info: dict) -> int:
     """Bytes of model state a built rank holds at its peak as the engine runs it: the
     sharded master weights, gradients and Adam moments, plus (under PP) the gathered
     weights and unsharded gradients a stage keeps all step (under dp_sharding=optimizer,
-    the whole rank's)."""
+    the whole rank's; under gradients, its weights)."""
     return info["state_bytes"] + info["whole_in_step_bytes"]
 
 
@@ -167,10 +167,11 @@ def print_table(data: dict) -> None:
     out.print("weights, grads, Adam: the sharded fp32 master weights, their gradients and the "
               "two AdamW moments this rank keeps (under PP or dp_sharding=optimizer no sharded "
               "gradient exists during the step: they are reduce-scattered after its last "
-              "backward); whole in step: the compute-dtype weights and the gradients (in the "
-              "reduce dtype) kept gathered and whole all step, under PP (the weights of at "
-              "most three virtual stages at once under an interleaved schedule) or "
-              "dp_sharding=optimizer; predicted state: "
+              "backward); whole in step: the compute-dtype weights kept gathered all step "
+              "under PP (at most three virtual stages' at once under an interleaved "
+              "schedule) or dp_sharding=gradients|optimizer, and under PP or "
+              "dp_sharding=optimizer the gradients kept whole in the reduce dtype; "
+              "predicted state: "
               "`trainbench predict`'s weights + gradients + optimizer for the same pipeline "
               "rank (--sharding engine).", highlight=False)
 

@@ -475,18 +475,20 @@ class Trainer:
             (loss / self.plan.ga).backward()
         return _plain(loss.detach())
 
-    def accumulate_whole(self, last: bool) -> None:
-        """Before each microbatch of a step without a pipeline, under dp_sharding=optimizer:
-        keep the weights gathered and the gradients whole and unreduced until the step's
-        last microbatch, whose backward reshards the weights and reduce-scatters the
-        gradients, once a step (a pipeline's schedule sets the same FSDP2 flags itself)."""
-        if self.plan.dp_sharding != "optimizer" or self.pipeline is not None:
+    def before_microbatch(self, last: bool) -> None:
+        """Before each microbatch of a step without a pipeline: under dp_sharding=gradients
+        or optimizer keep the weights gathered until the step's last backward reshards
+        them; under optimizer also keep the gradients whole and unreduced until then, so
+        they are reduce-scattered once a step (a pipeline's schedule sets the same FSDP2
+        flags itself)."""
+        if self.plan.dp_sharding == "full" or self.pipeline is not None:
             return
         from torch.distributed.fsdp import FSDPModule
         for part in self.model_parts:
             if isinstance(part, FSDPModule):
-                part.set_requires_gradient_sync(last)
                 part.set_reshard_after_backward(last)
+                if self.plan.dp_sharding == "optimizer":
+                    part.set_requires_gradient_sync(last)
 
     def pipeline_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """All of a step's microbatches (concatenated) through the pipeline schedule.
@@ -583,7 +585,7 @@ class Trainer:
             loss_sum += self.pipeline_step(*batches[0])
         else:
             for index, (inputs, labels) in enumerate(batches):
-                self.accumulate_whole(last=index == len(batches) - 1)
+                self.before_microbatch(last=index == len(batches) - 1)
                 loss_sum += self.forward_backward_step(inputs, labels)
         grad_norm = clip_grad_norm_(self.model.parameters(), max_norm=1.0,
                                     pp_mesh=self.pp_mesh)

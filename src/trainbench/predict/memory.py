@@ -117,6 +117,9 @@ def describe_sharding(ctx: Context) -> str:
     if engine and lay.pp == 1 and ctx.plan.dp_sharding == "optimizer" and n > 1:
         text += (f"; dp_sharding=optimizer: weights gathered all step and {grad_dtype} "
                  "gradients whole until the step's last backward")
+    elif engine and lay.pp == 1 and ctx.plan.dp_sharding == "gradients" and n > 1:
+        text += ("; dp_sharding=gradients: weights gathered all step, gradients "
+                 "reduce-scattered every microbatch")
     elif engine and lay.pp > 1 and lay.vp > GATHERED_VIRTUAL_STAGES:
         text += (f"; under PP a stage's {grad_dtype} gradients stay whole until the step's last "
                  f"backward, and the weights of {GATHERED_VIRTUAL_STAGES} of its {lay.vp} "
@@ -249,20 +252,23 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
         if shard == 1:
             weights += (2.0 if mixed else 0.0) * params  # the bf16 compute copy
             weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
-        if ctx.requested_sharding == ENGINE and (lay.pp > 1 or plan.dp_sharding == "optimizer"):
-            # Under PP (torch.distributed.pipelining) and under dp_sharding=optimizer (the
-            # trainer's accumulate_whole) the engine keeps FSDP units gathered after
-            # forward and defers resharding and gradient reduction to the step's last
-            # backward: the compute-dtype weights stay whole all step (three virtual
-            # stages' under an interleaved schedule, _gathered_params) and the gradients
-            # accumulate unsharded in FSDP2's reduce dtype.
+        engine = ctx.requested_sharding == ENGINE
+        if engine and (lay.pp > 1 or plan.dp_sharding != "full"):
+            # Under PP (torch.distributed.pipelining) and under dp_sharding=gradients or
+            # optimizer (the trainer's before_microbatch) the engine keeps FSDP units
+            # gathered after forward and reshards them after the step's last backward:
+            # the compute-dtype weights stay whole all step (three virtual stages' under
+            # an interleaved schedule, _gathered_params).
             if shard > 1:
                 weights += (2.0 if mixed else 4.0) * _gathered_params(ctx, chunks)
-            # The sharded gradients appear only when those are reduce-scattered, after the
-            # step's last backward, and are set to None after the optimizer step: at the
-            # step's peak the unsharded gradients are the only ones.
+            # A unit's gradient before it is reduced or added.
+            transient = (2.0 if mixed else 4.0) * unit
+        if engine and (lay.pp > 1 or plan.dp_sharding == "optimizer"):
+            # Gradient reduction is deferred to the step's last backward too: they
+            # accumulate unsharded in FSDP2's reduce dtype, and the sharded gradients
+            # appear only when those are reduce-scattered, and are set to None after the
+            # optimizer step: at the step's peak the unsharded gradients are the only ones.
             grads = (2.0 if mixed and plan.reduce_dtype == "bf16" else 4.0) * params
-            transient = (2.0 if mixed else 4.0) * unit  # a unit's gradient before it is added
 
     recompute = plan.recompute
     kept = {k: _kept(ctx, k, recompute) for k in kinds}

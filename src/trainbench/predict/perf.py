@@ -219,14 +219,19 @@ def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, 
     gbytes = 2.0 if ctx.plan.reduce_dtype == "bf16" and wbytes == 2 else 4.0
     rs = (reduce_scatter_s(gbytes * rt.params, g.fsdp, dev) + extra_latency
           if g.fsdp.size > 1 else 0.0)
-    if ctx.requested_sharding == ENGINE and (ctx.plan.layout.pp > 1
-                                             or ctx.plan.dp_sharding == "optimizer"):
+    engine = ctx.requested_sharding == ENGINE
+    if engine and (ctx.plan.layout.pp > 1 or ctx.plan.dp_sharding == "optimizer"):
         # The engine under PP or dp_sharding=optimizer: each unit is gathered once per
         # step and its gradients are reduce-scattered once, after the last microbatch
         # (see memory.py).
         e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
         e_b, h_b = _exposed(rs, 2 / 3 * t_mb, units, c)
         exposed, hidden = e_f + e_b, h_f + h_b
+    elif engine and ctx.plan.dp_sharding == "gradients":
+        # Gathered once a step, reduce-scattered every microbatch.
+        e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
+        e_b, h_b = _exposed(rs, 2 / 3 * t_mb, units, c)
+        exposed, hidden = e_f + e_b * ctx.microbatches, h_f + h_b * ctx.microbatches
     else:
         e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
         e_b, h_b = _exposed(ag + rs, 2 / 3 * t_mb, units, c)

@@ -137,7 +137,7 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     # FSDP wraps the model on a one-rank dp_cp mesh too (TP-only or PP-only layouts), so
     # every multi-rank layout runs the same mixed-precision code path.
     # Weights gathered once a step stay gathered after forward (the schedule or the
-    # trainer's accumulate_whole decides when they are resharded).
+    # trainer's before_microbatch decides when they are resharded).
     apply_fsdp(model, dims["dp_cp"], compute_dtype,
                reshard_after_forward=not dims.pp_enabled and plan.dp_sharding == "full",
                moe_meshes=moe_fsdp_meshes(dims) if plan.model.is_moe else None,
