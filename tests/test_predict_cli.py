@@ -149,3 +149,25 @@ def test_calibrate_with_no_runs_fails_cleanly(tmp_path, cluster_config):
     res = invoke("--calibrate", str(tmp_path))
     assert res.exit_code == 2 and "no measured GPU runs" in res.stderr
     assert not cluster_config.exists()  # nothing written
+
+
+def test_the_engines_other_shardings_are_shown_beside_its_default():
+    """Nemotron-H 56B FP8 on 64 H100 (TP8 DP8, 24 microbatches) as the engine runs it:
+    fully sharded, every microbatch gathers the weights twice over the network. predict
+    shows the other two shardings beside it: gathering once a step is faster, and the one
+    that also keeps the gradients whole holds more than an H100 has."""
+    args = ("-w", "pretrain_nemotronh", "-s", "56b", "--dtype", "fp8", "--scale", "64",
+            "--format", "json")
+    data = json.loads(invoke(*args).stdout)
+    alternatives = {a["dp_sharding"]: a for a in data["dp_sharding_alternatives"]}
+    assert set(alternatives) == {"gradients", "optimizer"}
+    kept, once = alternatives["gradients"], alternatives["optimizer"]
+    assert once["step_time_s"] < kept["step_time_s"] < data["step_time_s"]
+    assert data["memory_gib"] < kept["memory_gib"] < once["memory_gib"]
+    assert data["fits"] and kept["fits"] and once["fits"] is False
+    # Chosen with --set, or the recipe's framework: nothing to compare.
+    chosen = json.loads(invoke(*args, "--set", "dp_sharding=gradients").stdout)
+    assert "dp_sharding_alternatives" not in chosen
+    assert chosen["step_time_s"] == pytest.approx(kept["step_time_s"])
+    recipe = json.loads(invoke(*args, "--sharding", "recipe").stdout)
+    assert recipe["dp_sharding_alternatives"] == []

@@ -135,10 +135,35 @@ def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt
     data = prediction_dict(plan, pred, overrides=overrides,
                            calibrated=_calibrated(config, plan.gpu_type), figures=figures,
                            profile=None if facts is None else facts.path)
+    if "dp_sharding" not in overrides:
+        data["dp_sharding_alternatives"] = _sharding_alternatives(plan, facts, sharding, config)
     if fmt == "json":
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     _print_prediction(plan, data, pred)
+
+
+def _sharding_alternatives(plan, facts, sharding: str, config) -> list[dict]:
+    """The same plan under the engine's other data-parallel shardings (none where the
+    choice changes nothing: under PP, without data or context parallel ranks, or for
+    the recipe's own framework), so a reader sees what gathering less often would buy."""
+    from dataclasses import replace
+
+    from ..plan import CHOICE_KEYS
+    from .context import ENGINE
+    from .hardware_profile import predict_with_profile
+    lay = plan.layout
+    if sharding != ENGINE or lay.pp > 1 or lay.dp * lay.cp == 1 or plan.gpus == 1:
+        return []
+    out = []
+    for choice in CHOICE_KEYS["dp_sharding"]:
+        if choice == plan.dp_sharding:
+            continue
+        other, _ = predict_with_profile(replace(plan, dp_sharding=choice), facts,
+                                        sharding=sharding, config=config)
+        out.append({"dp_sharding": choice, "step_time_s": other.step_time_s,
+                    "memory_gib": other.memory.total_gib, "fits": other.memory.fits})
+    return out
 
 
 def _print_prediction(plan, data: dict, pred) -> None:
@@ -172,6 +197,10 @@ def _print_prediction(plan, data: dict, pred) -> None:
     # The same words `trainbench run` prints for this plan (memory.check_memory).
     summary.add_row("peak memory per GPU", verdict(pred.memory, plan.gpu_type))
     summary.add_row("memory assumes", data["sharding_assumption"])
+    for alt in data.get("dp_sharding_alternatives", []):
+        fits = {True: "fits", False: "does not fit", None: "capacity unknown"}[alt["fits"]]
+        summary.add_row(f"  with --set dp_sharding={alt['dp_sharding']}",
+                        f"{alt['step_time_s']:.3f} s, {alt['memory_gib']:.1f} GiB: {fits}")
     summary.add_row("constants", data["constants_source"])
     for name, where in data["hardware_figures"].items():
         summary.add_row(f"  {name.replace('_', ' ')}", where)
