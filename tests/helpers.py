@@ -71,3 +71,17 @@ def processes_naming(text: str) -> list[str]:
         if text in args and state != "Z":
             found.append(args)
     return found
+
+
+def leave_spawned_rank() -> None:
+    """End a torch.multiprocessing.spawn child whose work is done and written, without the
+    interpreter's teardown (as the engine's ranks leave, engine/__main__.exit_now).
+    destroy_process_group drops only torch.distributed's own references: a DeviceMesh or
+    DTensor cache still holding the gloo group lets the interpreter destroy it at exit,
+    and in a few percent of runs that aborts the child after a complete run ("terminate
+    called without an active exception", SIGABRT; test_engine_kernels' two-rank loss test
+    in the CI run of 2026-11-26, after both ranks had passed a barrier). Call it only
+    after the work succeeded, so a failure still reaches spawn with its traceback."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

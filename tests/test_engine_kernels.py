@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import leave_spawned_rank
 from trainbench.engine.loss import CHUNK_ELEMENTS, chunk_tokens, cross_entropy
 
 
@@ -89,6 +90,7 @@ def _vocab_parallel_ranks(rank: int, port: int, out_dir: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    leave_spawned_rank()
 
 
 def test_chunked_vocab_parallel_loss_equals_the_plain_loss_on_two_ranks(tmp_path):

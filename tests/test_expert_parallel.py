@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import losses, read_metrics, train
+from helpers import leave_spawned_rank, losses, read_metrics, train
 from trainbench.plan import PlanError, build_plan
 
 LOSS_RTOL = 1e-5
@@ -253,6 +253,7 @@ def _input_gradient_worker(rank: int, init_file: str, out_dir: str) -> None:
     (grad,) = torch.autograd.grad((out * weight).sum(), rows)
     torch.save(grad, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    leave_spawned_rank()
 
 
 @pytest.mark.dist

@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers import leave_spawned_rank
 from trainbench.plan import build_plan
 
 HOST_READ_METHODS = {"item", "tolist", "__bool__", "__float__", "__int__", "numpy", "cpu"}
@@ -225,6 +226,7 @@ def _layout_ranks(rank: int, ports: list[int], out_dir: str) -> None:
                 dict(reads=reads, loss=float(loss_sum), grad_norm=float(grad_norm))))
         finally:
             trainer.close()
+    leave_spawned_rank()
 
 
 @pytest.mark.slow

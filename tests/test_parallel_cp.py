@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import leave_spawned_rank
 from trainbench.engine.parallel.cp import chunk_ids, local_positions, shard_sequence
 
 # fp32: the CP result differs from full attention only in summation order.
@@ -53,6 +54,7 @@ def _attention_worker(rank: int, world: int, init_file: str, out_dir: str) -> No
     torch.save({"out": out.detach(), "grads": [t.grad for t in local]},
                os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    leave_spawned_rank()
 
 
 @pytest.mark.dist
