@@ -39,7 +39,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from trainbench.catalog import recipes
-    from trainbench.check.cli import check_plan, default_ranks
+    from trainbench.check.cli import microbatches_text, check_plan, default_ranks
     from trainbench.plan import build_plan
     from trainbench.predict.memory import predict_memory
 
@@ -78,7 +78,7 @@ def main() -> int:
             traced_off += abs(traced["gap_pct"]) > 10
             tensors = (r["predicted"]["total"] - r["predicted"]["allowance"]) / GIB
             print(f"  rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:7.2f} GiB over "
-                  f"{traced['microbatches']} microbatches, predicted tensors {tensors:7.2f} GiB "
+                  f"{microbatches_text(traced)}, predicted tensors {tensors:7.2f} GiB "
                   f"({traced['gap_pct']:+.1f}%); {traced['trace_s']:.0f} s", flush=True)
     traced_text = (f"; traced ranks: {traced_off} more than 10% from predict's, {untraced} "
                    f"not traced" if args.trace else "")

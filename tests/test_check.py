@@ -354,13 +354,25 @@ def test_interleaved_trace_counts_each_receive_buffer_once_and_three_stages_gath
         plan = build_plan("pretrain_llama3.1", "8b", "bf16", 16, "h100",
                           overrides={"pp": 2, "vp": 4, "tp": 1, "cp": 1, "layers": 8,
                                      "gbs": gbs, "compile": False})
-        traced[gbs] = trace_rank(plan, 0)
+        traced[gbs] = trace_rank(plan, 0, pipeline_microbatches=plan.ga)
         assert traced[gbs]["error"] is None, traced[gbs]["error"]
         assert traced[gbs]["pipeline_buffer_bytes"] == 7 * plan.ga * 8192 * 4096 * 2
     assert (traced[64]["microbatches"], traced[128]["microbatches"]) == (8, 16)
     grown = (traced[128]["forward_backward_peak_bytes"]
              - traced[64]["forward_backward_peak_bytes"])
     assert abs(grown) < 2**20, grown
+    # By default a pipeline rank traces 4 x PP microbatches (8 of the step's 16), and
+    # scales the receive buffers to the step's count.
+    short = trace_rank(plan, 0)
+    assert (short["microbatches"], short["step_microbatches"]) == (8, 16)
+    assert short["pipeline_buffer_bytes"] == traced[128]["pipeline_buffer_bytes"]
+    assert abs(short["forward_backward_peak_bytes"]
+               - traced[128]["forward_backward_peak_bytes"]) < 2**20
+    # 2 x PP falls short of the steady state (0.28 GiB on this layout).
+    shorter = trace_rank(plan, 0, pipeline_microbatches=4)
+    assert shorter["pipeline_buffer_bytes"] == traced[128]["pipeline_buffer_bytes"]
+    assert (traced[128]["forward_backward_peak_bytes"]
+            - shorter["forward_backward_peak_bytes"]) > 2**27
     hidden, kv, vocab, mlp = 4096, 1024, 128256, 14336
     layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden
     three_stages = 2 * (vocab * hidden + 3 * layer)  # bf16: the embedding's and two more

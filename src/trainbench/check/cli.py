@@ -67,6 +67,14 @@ def built_model_state(info: dict) -> int:
     return info["state_bytes"] + info["whole_in_step_bytes"]
 
 
+def microbatches_text(traced: dict) -> str:
+    """'16 of the step's 64 microbatches', or '4 microbatches' when it traced them all."""
+    step = traced.get("step_microbatches", traced["microbatches"])
+    if step == traced["microbatches"]:
+        return f"{traced['microbatches']} microbatches"
+    return f"{traced['microbatches']} of the step's {step} microbatches"
+
+
 def gap_pct(predicted: float, measured: float) -> float | None:
     return None if not measured else 100.0 * (predicted - measured) / measured
 
@@ -156,7 +164,7 @@ def print_table(data: dict) -> None:
         buffers = (f" + pipeline receive buffers {traced['pipeline_buffer_bytes'] / GIB:.2f}"
                    if traced.get("pipeline_buffer_bytes") else "")
         out.print(f"rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:.2f} GiB = "
-                  f"forward/backward of {traced['microbatches']} microbatches "
+                  f"forward/backward of {microbatches_text(traced)} "
                   f"{traced['forward_backward_peak_bytes'] / GIB:.2f} ({parts}) + AdamW "
                   f"moments {traced['optimizer_bytes'] / GIB:.2f}{buffers}; predicted tensors "
                   f"{(pred['total'] - pred['allowance']) / GIB:.2f} GiB "
