@@ -39,7 +39,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from trainbench.catalog import recipes
-    from trainbench.check.cli import microbatches_text, check_plan, default_ranks
+    from trainbench.check.cli import check_plan, default_ranks, microbatches_text
     from trainbench.plan import build_plan
     from trainbench.predict.memory import predict_memory
 

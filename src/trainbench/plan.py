@@ -153,6 +153,24 @@ class Plan:
         return self.layout.world_size
 
     @property
+    def weights_kept_gathered(self) -> bool:
+        """The engine's FSDP units stay gathered from a step's first forward to its last
+        backward: under PP (torch's schedules) and dp_sharding=gradients|optimizer."""
+        return self.layout.pp > 1 or self.dp_sharding != "full"
+
+    @property
+    def gradients_reduced_once(self) -> bool:
+        """The engine's gradients accumulate whole and are reduce-scattered once, after the
+        step's last backward: under PP and dp_sharding=optimizer."""
+        return self.layout.pp > 1 or self.dp_sharding == "optimizer"
+
+    @property
+    def reduce_bytes(self) -> int:
+        """Bytes per element of the gradients FSDP2 accumulates whole and reduces: the
+        reduce dtype's, fp32 where the model computes in fp32."""
+        return 2 if self.reduce_dtype == "bf16" and self.dtype != "fp32" else 4
+
+    @property
     def ga(self) -> int:
         """Gradient-accumulation microbatches per step on each data-parallel rank."""
         return self.gbs // (self.mbs * self.layout.dp)

@@ -99,7 +99,7 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
         "gathered_bytes": 0 if single else gathered_bytes,
         "whole_in_step_bytes": 0,
     }
-    if (plan.layout.pp > 1 or plan.dp_sharding != "full") and not single:
+    if plan.weights_kept_gathered and not single:
         # Under PP the engine keeps each stage's units gathered after forward and torch's
         # pipelining defers gradient reduction to the last microbatch (dp_sharding=
         # optimizer does the same without a pipeline): the TP-local gradients stay whole
@@ -110,9 +110,8 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
         if plan.layout.vp > 1:
             held = held[:GATHERED_VIRTUAL_STAGES]
         info["whole_in_step_bytes"] = sum(held)
-        if plan.layout.pp > 1 or plan.dp_sharding == "optimizer":
-            grad_bytes = 2 if plan.reduce_dtype == "bf16" and compute == 2 else 4
-            info["whole_in_step_bytes"] += grad_bytes * tp_local
+        if plan.gradients_reduced_once:
+            info["whole_in_step_bytes"] += plan.reduce_bytes * tp_local
             # No sharded gradient exists during the step: they come from the
             # reduce-scatter after its last backward and are set to None after the
             # optimizer step.

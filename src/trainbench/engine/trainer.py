@@ -334,10 +334,9 @@ class Trainer:
         out = {}
         fsdp = getattr(self.model_parts[0], "fsdp_settings", None)
         if fsdp is not None:
-            once = self.pipeline is not None or self.plan.dp_sharding == "optimizer"
             out["fsdp"] = {**fsdp, "dp_sharding": self.plan.dp_sharding,
-                           "gradients_reduced": "once a step" if once
-                           else "every microbatch"}
+                           "gradients_reduced": "once a step"
+                           if self.plan.gradients_reduced_once else "every microbatch"}
         if self.dims.tp_enabled:
             out["async_tp"] = self.plan.async_tp
         if self.dims.cp_enabled:

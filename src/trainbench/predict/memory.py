@@ -112,8 +112,7 @@ def describe_sharding(ctx: Context) -> str:
     else:
         text = (f"{name} ({whose}): weights, gradients and optimizer state sharded over "
                 f"dp x cp = {n} ranks")
-    grad_dtype = "bf16" if ctx.plan.reduce_dtype == "bf16" and ctx.plan.dtype != "fp32" \
-        else "fp32"
+    grad_dtype = "bf16" if ctx.plan.reduce_bytes == 2 else "fp32"
     if engine and lay.pp == 1 and ctx.plan.dp_sharding == "optimizer" and n > 1:
         text += (f"; dp_sharding=optimizer: weights gathered all step and {grad_dtype} "
                  "gradients whole until the step's last backward")
@@ -253,7 +252,7 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
             weights += (2.0 if mixed else 0.0) * params  # the bf16 compute copy
             weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
         engine = ctx.requested_sharding == ENGINE
-        if engine and (lay.pp > 1 or plan.dp_sharding != "full"):
+        if engine and plan.weights_kept_gathered:
             # Under PP (torch.distributed.pipelining) and under dp_sharding=gradients or
             # optimizer (the trainer's before_microbatch) the engine keeps FSDP units
             # gathered after forward and reshards them after the step's last backward:
@@ -263,12 +262,12 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
                 weights += (2.0 if mixed else 4.0) * _gathered_params(ctx, chunks)
             # A unit's gradient before it is reduced or added.
             transient = (2.0 if mixed else 4.0) * unit
-        if engine and (lay.pp > 1 or plan.dp_sharding == "optimizer"):
+        if engine and plan.gradients_reduced_once:
             # Gradient reduction is deferred to the step's last backward too: they
             # accumulate unsharded in FSDP2's reduce dtype, and the sharded gradients
             # appear only when those are reduce-scattered, and are set to None after the
             # optimizer step: at the step's peak the unsharded gradients are the only ones.
-            grads = (2.0 if mixed and plan.reduce_dtype == "bf16" else 4.0) * params
+            grads = float(plan.reduce_bytes) * params
 
     recompute = plan.recompute
     kept = {k: _kept(ctx, k, recompute) for k in kinds}

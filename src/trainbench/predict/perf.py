@@ -216,22 +216,16 @@ def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, 
     units = max(rt.units, 1)
     extra_latency = (units - 1) * ring_latency_s(g.fsdp.size, dev, c)
     ag = all_gather_s(wbytes * rt.params, g.fsdp, dev) + extra_latency if g.fsdp.size > 1 else 0.0
-    gbytes = 2.0 if ctx.plan.reduce_dtype == "bf16" and wbytes == 2 else 4.0
-    rs = (reduce_scatter_s(gbytes * rt.params, g.fsdp, dev) + extra_latency
+    rs = (reduce_scatter_s(ctx.plan.reduce_bytes * rt.params, g.fsdp, dev) + extra_latency
           if g.fsdp.size > 1 else 0.0)
-    engine = ctx.requested_sharding == ENGINE
-    if engine and (ctx.plan.layout.pp > 1 or ctx.plan.dp_sharding == "optimizer"):
-        # The engine under PP or dp_sharding=optimizer: each unit is gathered once per
-        # step and its gradients are reduce-scattered once, after the last microbatch
-        # (see memory.py).
+    if ctx.requested_sharding == ENGINE and ctx.plan.weights_kept_gathered:
+        # The engine under PP or dp_sharding=gradients|optimizer: each unit is gathered
+        # once per step; its gradients are reduce-scattered once, after the last
+        # microbatch (PP, optimizer), or every microbatch (gradients; see memory.py).
+        reductions = 1 if ctx.plan.gradients_reduced_once else ctx.microbatches
         e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
         e_b, h_b = _exposed(rs, 2 / 3 * t_mb, units, c)
-        exposed, hidden = e_f + e_b, h_f + h_b
-    elif engine and ctx.plan.dp_sharding == "gradients":
-        # Gathered once a step, reduce-scattered every microbatch.
-        e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
-        e_b, h_b = _exposed(rs, 2 / 3 * t_mb, units, c)
-        exposed, hidden = e_f + e_b * ctx.microbatches, h_f + h_b * ctx.microbatches
+        exposed, hidden = e_f + e_b * reductions, h_f + h_b * reductions
     else:
         e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
         e_b, h_b = _exposed(ag + rs, 2 / 3 * t_mb, units, c)

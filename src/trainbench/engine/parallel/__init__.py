@@ -139,7 +139,7 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     # Weights gathered once a step stay gathered after forward (the schedule or the
     # trainer's before_microbatch decides when they are resharded).
     apply_fsdp(model, dims["dp_cp"], compute_dtype,
-               reshard_after_forward=not dims.pp_enabled and plan.dp_sharding == "full",
+               reshard_after_forward=not plan.weights_kept_gathered,
                moe_meshes=moe_fsdp_meshes(dims) if plan.model.is_moe else None,
                prefetch=plan.fsdp_prefetch,
                reduce_dtype=torch.bfloat16 if plan.reduce_dtype == "bf16" else torch.float32)

@@ -55,7 +55,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
     # ahead of the GPU, and its backward prefetch follows the recorded forward order.
     # Naming the next (forward) and previous (backward) block makes the all-gather of
     # block i+1 / i-1 start before block i computes, whatever the CPU does. Without a
-    # reshard after forward (a pipeline, dp_sharding=optimizer) the weights stay gathered
+    # reshard after forward (a pipeline, dp_sharding=gradients|optimizer) the weights stay gathered
     # from the forward on: only the step's first forward has anything to prefetch.
     explicit = prefetch and layers is not None and len(blocks) > 1
     backward = explicit and reshard_after_forward
