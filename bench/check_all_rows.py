@@ -11,9 +11,10 @@ pipeline rank (--sharding engine) and predict's whole-peak figure for the plan.
     python bench/check_all_rows.py [--ranks first-last|default] [--only SUBSTRING] [--trace]
 
 One line per row; the last line counts rows that built, failed, and whose model state
-differs from predict's by more than 10%. With --trace each built rank's whole step is
-also traced (`trainbench check --trace`: every microbatch of a pipeline schedule, at
-real width; minutes to tens of minutes a rank on a 2-core machine), one more line per
+differs from predict's by more than 10%. With --trace each built rank's step is also
+traced as `trainbench check` traces it (one rank of each pipeline stage, whose trace the
+stage's other ranks take; as many traces at once as there are CPU cores; seconds to about
+two minutes a trace at real width on a 2-core machine), one more line per
 rank gives the traced peak beside predict's (tensors only on both sides), and the last
 line counts the ranks more than 10% apart and those that could not be traced.
 """
@@ -40,6 +41,7 @@ def main() -> int:
 
     from trainbench.catalog import recipes
     from trainbench.check.cli import check_plan, default_ranks, microbatches_text
+    from trainbench.check.tracing import default_jobs
     from trainbench.plan import build_plan
     from trainbench.predict.memory import predict_memory
 
@@ -51,7 +53,7 @@ def main() -> int:
         plan = build_plan(row.workload, row.size, row.dtype, row.gpus, "h100")
         ranks = default_ranks(plan) if args.ranks == "default" else sorted({0, plan.gpus - 1})
         start = time.perf_counter()
-        data = check_plan(plan, ranks, trace=args.trace)
+        data = check_plan(plan, ranks, trace=args.trace, jobs=default_jobs())
         secs = time.perf_counter() - start
         peak = predict_memory(plan, sharding="engine").total / GIB
         label = f"{row.workload} {row.size} {row.dtype} {row.gpus:>4} {plan.layout.describe():<22}"
@@ -77,8 +79,10 @@ def main() -> int:
                 continue
             traced_off += abs(traced["gap_pct"]) > 10
             tensors = (r["predicted"]["total"] - r["predicted"]["allowance"]) / GIB
-            print(f"  rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:7.2f} GiB over "
-                  f"{microbatches_text(traced)}, predicted tensors {tensors:7.2f} GiB "
+            source = (f"from rank {traced['traced_rank']}'s trace" if "traced_rank" in traced
+                      else f"over {microbatches_text(traced)}")
+            print(f"  rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:7.2f} GiB "
+                  f"{source}, predicted tensors {tensors:7.2f} GiB "
                   f"({traced['gap_pct']:+.1f}%); {traced['trace_s']:.0f} s", flush=True)
     traced_text = (f"; traced ranks: {traced_off} more than 10% from predict's, {untraced} "
                    f"not traced" if args.trace else "")

@@ -254,6 +254,7 @@ def _cli(*args, timeout=900):
     (["--ranks", "512"], "ranks must be in 0-511"),
     (["--format", "xml"], "unknown --format"),
     (["--gpu", "cpu"], "not cpu"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
     (["--set", "tp=3"], "TP=3"),
 ])
 def test_bad_input_is_one_line(args, words):
@@ -268,7 +269,7 @@ def test_bad_input_is_one_line(args, words):
 @pytest.mark.slow
 def test_cli_json_for_the_405b_default_ranks():
     proc = _cli("-w", "pretrain_llama3.1", "-s", "405b", "--scale", "512", "--gpu", "h100",
-                "--format", "json")
+                "--no-trace", "--format", "json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout)
     assert data["layout"] == "TP8 PP8 CP2 DP4 VP8"
@@ -432,6 +433,32 @@ def test_distributed_optimizer_sharding_keeps_weights_and_gradients_whole_all_st
         tensors = predicted.total - predicted.allowance
         assert tensors == pytest.approx(traced[sharding]["peak_bytes"], rel=0.10)
         assert f"dp_sharding={sharding}" in predicted.assumption
+
+
+def test_one_trace_per_stage_stands_for_the_stages_other_ranks():
+    """Llama 3.1 8B's width over TP4 PP2 DP3, one layer a stage: DP3 shards every weight
+    unevenly, so the last DP rank of a stage holds fewer parameters and AdamW moments than
+    the first. check traces ranks 0 and 12 (one a stage, in two spawned processes) and
+    gives ranks 11 and 23 their stage's trace with their own moments; tracing 11 and 23
+    themselves gives the same peaks to the byte."""
+    from trainbench.check.build import trace_rank
+    from trainbench.check.cli import check_plan
+    plan = build_plan("pretrain_llama3.1", "8b", "bf16", 24, "h100",
+                      overrides={"pp": 2, "tp": 4, "cp": 1, "layers": 2, "gbs": 6,
+                                 "compile": False})
+    assert plan.layout.describe() == "TP4 PP2 CP1 DP3"
+    data = check_plan(plan, default_ranks(plan), jobs=2)
+    ranks = {r["rank"]: r for r in data["ranks"]}
+    assert sorted(ranks) == [0, 11, 12, 23]
+    assert ranks[11]["optimizer_bytes"] < ranks[0]["optimizer_bytes"]
+    for rank, stands_for in ((11, 0), (23, 12)):
+        reused = ranks[rank]["trace"]
+        assert reused["traced_rank"] == stands_for and "traced_rank" not in ranks[stands_for]["trace"]
+        assert reused["optimizer_bytes"] == ranks[rank]["optimizer_bytes"]
+        own = trace_rank(plan, rank)
+        assert own["error"] is None, own["error"]
+        assert reused["peak_bytes"] == own["peak_bytes"]
+        assert reused["peak_bytes"] != ranks[stands_for]["trace"]["peak_bytes"]
 
 
 @pytest.mark.slow

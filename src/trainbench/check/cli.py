@@ -80,10 +80,12 @@ def gap_pct(predicted: float, measured: float) -> float | None:
 
 
 def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None,
-               trace: bool = False) -> dict:
+               trace: bool = True, jobs: int = 1) -> dict:
     """Build each rank and put predict's figure for its pipeline rank beside it; with
-    `trace`, also trace the rank's forward and backward under FakeTensorMode."""
-    from .build import check_ranks, trace_rank
+    `trace`, also trace one rank of each pipeline stage under FakeTensorMode (`jobs` at
+    a time) and give the stage's other ranks its trace (check.tracing)."""
+    from .build import check_ranks
+    from .tracing import reused_trace, stage_representatives, trace_ranks
     results = check_ranks(plan, ranks, progress=progress)
     for info in results:
         if info.get("error"):
@@ -94,17 +96,19 @@ def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None
         info["built_model_state_bytes"] = built
         info["model_state_gap_pct"] = (None if pred is None
                                        else gap_pct(pred["model_state"], built))
-        if trace:
-            traced = trace_rank(plan, info["rank"])
-            info["trace"] = traced
-            if not traced.get("error") and pred is not None:
+    if trace:
+        stands_for = stage_representatives(results)
+        traced = trace_ranks(plan, sorted(set(stands_for.values())), jobs, progress)
+        by_rank = {info["rank"]: info for info in results}
+        for rank, traced_rank in stands_for.items():
+            info = by_rank[rank]
+            info["trace"] = (traced[rank] if rank == traced_rank else
+                             reused_trace(traced[traced_rank], info, by_rank[traced_rank]))
+            pred, own = info["predicted"], info["trace"]
+            if not own.get("error") and pred is not None:
                 # Tensors only on both sides: the trace sees no allocator, so predict's
                 # fragmentation and buffer allowance is left out of the comparison.
-                traced["gap_pct"] = gap_pct(pred["total"] - pred["allowance"],
-                                            traced["peak_bytes"])
-            if progress is not None:
-                progress({"rank": info["rank"], "error": traced.get("error"),
-                          "build_s": traced.get("trace_s", 0.0), "what": "traced"})
+                own["gap_pct"] = gap_pct(pred["total"] - pred["allowance"], own["peak_bytes"])
     return {"workload": plan.workload, "size": plan.size, "dtype": plan.dtype,
             "gpus": plan.gpus, "gpu_type": plan.gpu_type, "layout": plan.layout.describe(),
             "ranks": results}
@@ -154,6 +158,14 @@ def print_table(data: dict) -> None:
             continue
         if traced.get("error"):
             out.print(f"rank {r['rank']}: not traced: {traced['error']}", highlight=False)
+            continue
+        if "traced_rank" in traced:
+            out.print(f"rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:.2f} GiB: "
+                      f"rank {traced['traced_rank']}'s forward/backward (same pipeline stage: "
+                      "same shapes and schedule) with this rank's own AdamW moments "
+                      f"{traced['optimizer_bytes'] / GIB:.2f}"
+                      + ("" if traced.get("gap_pct") is None else
+                         f"; predicted tensors {traced['gap_pct']:+.1f}%"), highlight=False)
             continue
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in traced["categories"].items())
         pred = r["predicted"]
@@ -205,10 +217,15 @@ def register(app) -> None:
                                   "last rank of every pipeline stage."),
         fmt: str = typer.Option("table", "--format", help="table or json."),
         trace: bool = typer.Option(
-            False, "--trace", help="Also trace each rank's training step under FakeTensorMode "
-                                   "with FSDPMemTracker (forward and backward of every "
-                                   "microbatch a pipeline rank's schedule runs; the first two "
-                                   "without a pipeline) and report its peak beside predict's."),
+            True, "--trace/--no-trace",
+            help="Trace the training step of one rank of each pipeline stage under "
+                 "FakeTensorMode with FSDPMemTracker (forward and backward of the "
+                 "microbatches a pipeline rank's schedule runs; the first two without a "
+                 "pipeline) and report its peak beside predict's; --no-trace only builds "
+                 "(seconds instead of minutes)."),
+        jobs: Optional[int] = typer.Option(
+            None, "--jobs", help="Traces run at once, each in its own process; default the "
+                                 "number of CPU cores."),
     ):
         """Build chosen ranks of a plan at its real size under a fake process group (no
         GPU, nothing allocated) and report what each holds, beside predict's figure."""
@@ -222,6 +239,8 @@ def register(app) -> None:
             fail(f"unknown --format {fmt!r}; use table or json")
         if scale < 1:
             fail("--scale must be at least 1")
+        if jobs is not None and jobs < 1:
+            fail("--jobs must be at least 1")
         if gpu.lower() == "cpu":
             fail("check builds a GPU plan's ranks without GPUs; give --gpu h100 (or another "
                  "GPU type), not cpu")
@@ -250,7 +269,9 @@ def register(app) -> None:
                          if info.get("error") else what)
                 typer.echo(f"rank {info['rank']}: {state} ({info['build_s']:.1f} s)", err=True)
 
-        data = check_plan(plan, ranks, config=config, progress=progress, trace=trace)
+        from .tracing import default_jobs
+        data = check_plan(plan, ranks, config=config, progress=progress, trace=trace,
+                          jobs=jobs or default_jobs())
         if fmt == "json":
             typer.echo(json.dumps(data, indent=2, sort_keys=True))
         else:
