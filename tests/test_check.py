@@ -310,6 +310,20 @@ def test_trace_of_a_cp_rank_uses_a_standin_mask_only_while_tracing():
     assert cp.MEMORY_TRACE_STANDIN is False
 
 
+def test_tracking_only_the_global_peak_changes_no_figure(monkeypatch):
+    """check has torch's tracker skip its per-module peaks (a quarter of a trace's time);
+    the rank's peak and its breakdown must be what the tracker gives with them."""
+    from trainbench.check import build
+    plan = build_plan("pretrain_llama3.1", "8b", "bf16", 8, "h100",
+                      overrides={"layers": 2, "compile": False})   # CP2 x DP4
+    fast = build.trace_rank(plan, 0)
+    monkeypatch.setattr(build, "_global_peak_only", lambda tracker: None)
+    full = build.trace_rank(plan, 0)
+    assert fast["error"] is None and full["error"] is None
+    assert fast["categories"] == full["categories"]
+    assert fast["peak_bytes"] == full["peak_bytes"]
+
+
 @pytest.mark.slow
 def test_pipeline_ranks_trace_the_whole_schedule_and_its_receive_buffers():
     """Llama 3.1 8B at its real width, 4 layers over PP2 x DP8, 4 microbatches a step:
@@ -459,6 +473,27 @@ def test_one_trace_per_stage_stands_for_the_stages_other_ranks():
         assert own["error"] is None, own["error"]
         assert reused["peak_bytes"] == own["peak_bytes"]
         assert reused["peak_bytes"] != ranks[stands_for]["trace"]["peak_bytes"]
+
+
+def test_cli_traces_by_default_and_only_builds_with_no_trace():
+    """`check` traces unless told --no-trace: each default rank gets a traced peak in the
+    JSON beside predict's, from its own trace or its stage's."""
+    args = ("-w", "pretrain_llama3.1", "-s", "8b", "--scale", "24", "--gpu", "h100",
+            "--set", "pp=2 tp=4 cp=1 layers=2 gbs=6 compile=false", "--format", "json")
+    traced = json.loads(_cli(*args, "--jobs", "2").stdout)
+    ranks = {r["rank"]: r for r in traced["ranks"]}
+    assert sorted(ranks) == [0, 11, 12, 23]
+    for rank, r in ranks.items():
+        assert r["trace"]["error"] is None
+        assert r["trace"]["peak_bytes"] > r["built_model_state_bytes"]
+        pred = r["predicted"]
+        assert r["trace"]["gap_pct"] == pytest.approx(
+            100 * (pred["total"] - pred["allowance"] - r["trace"]["peak_bytes"])
+            / r["trace"]["peak_bytes"])
+        assert r["trace"].get("traced_rank") == {11: 0, 23: 12}.get(rank)
+    built = json.loads(_cli(*args, "--no-trace").stdout)
+    assert [r["rank"] for r in built["ranks"]] == [0, 11, 12, 23]
+    assert not any("trace" in r for r in built["ranks"])
 
 
 @pytest.mark.slow

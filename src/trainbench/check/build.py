@@ -324,6 +324,27 @@ def _pipeline_neighbours_standin(trainer, plan: Plan):
                                f"{sent[0].dtype}, the trace assumed {shape} {dtype}")
 
 
+def _global_peak_only(tracker) -> None:
+    """Have the tracker keep only the rank's global peak, the one figure check reads.
+
+    On every op torch's MemTracker also walks every module it has seen and updates the
+    peak of each one still running: a quarter of a trace's time (the 405B's rank 0 at
+    512 GPUs: 97 s with it, 72 s without, the same peak by category to the byte). The
+    global update below is the one MemTracker makes; where this torch's tracker keeps its
+    state under other names, its own method stays."""
+    if not all(hasattr(tracker, name) for name in
+               ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_update_peak_stats")):
+        return
+
+    def update_global_peak(peak_state) -> None:
+        for device, snapshot in tracker._curr_mem_snap.items():
+            if tracker._peak_mem.get(device, 0) < snapshot["Total"]:
+                tracker._peak_mem[device] = snapshot["Total"]
+                tracker._peak_mem_snap[device] = dict(snapshot)
+
+    tracker._update_peak_stats = update_global_peak
+
+
 @contextlib.contextmanager
 def _dtensor_propagation_untracked():
     """DTensor's output-shape propagation in a fake mode of its own while tracing.
@@ -442,6 +463,7 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
             # torch's tracker takes one FSDP root; a rank's pipeline stages are several
             # (trainer.model holds them all), each an FSDP root of its own.
             tracker._root_mod = trainer.model
+            _global_peak_only(tracker)
             if pipeline:
                 _track_every_microbatch(trainer.pipeline, tracker)
                 _counted_apart(tracker, buffers)
