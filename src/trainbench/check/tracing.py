@@ -75,11 +75,9 @@ def trace_ranks(plan, ranks: list[int], jobs: int, progress=None) -> dict[int, d
 def reused_trace(traced: dict, info: dict, traced_info: dict) -> dict:
     """The trace of `traced_info`'s rank standing for `info`'s rank of the same stage:
     its forward/backward peak and receive buffers, with `info`'s own AdamW moments."""
-    if traced.get("error"):
-        return {**traced, "rank": info["rank"], "traced_rank": traced_info["rank"],
-                "trace_s": 0.0}
-    moments = info["optimizer_bytes"]
-    return {**traced, "rank": info["rank"], "traced_rank": traced_info["rank"],
-            "optimizer_bytes": moments,
-            "peak_bytes": traced["peak_bytes"] - traced["optimizer_bytes"] + moments,
-            "trace_s": 0.0}
+    out = {**traced, "rank": info["rank"], "traced_rank": traced_info["rank"], "trace_s": 0.0}
+    if not traced.get("error"):
+        moments = info["optimizer_bytes"]
+        out["optimizer_bytes"] = moments
+        out["peak_bytes"] = traced["peak_bytes"] - traced["optimizer_bytes"] + moments
+    return out
