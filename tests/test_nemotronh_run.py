@@ -27,6 +27,7 @@ _PROBE = r'''
 import json, sys
 from pathlib import Path
 import torch
+from trainbench.engine.__main__ import exit_now
 from trainbench.engine.models.mamba2 import SSMCore
 from trainbench.engine.trainer import Trainer
 from trainbench.plan import Plan
@@ -49,6 +50,7 @@ for part in trainer.model_parts:
 trainer.train()
 (plan_path.parent / f"ssm_dtypes_{trainer.rank}.json").write_text(json.dumps(seen))
 trainer.close()
+exit_now(0)  # as the engine's ranks leave: no interpreter teardown of live gloo groups
 '''
 
 

@@ -79,10 +79,14 @@ def die_with_parent() -> None:
 def exit_now(code: int) -> None:
     """Leave without the interpreter's teardown.
 
-    Everything the run writes is closed by then (Trainer.close). What teardown would
-    still do is destroy gloo's C++ objects in whatever order Python frees them, and in a
-    few percent of runs that aborts a rank ("terminate called without an active
-    exception", SIGABRT) after a complete run, which torchrun reports as a failed job.
+    Everything the run writes is closed by then (Trainer.close). A gloo worker thread
+    frees a finished collective's tensors after the caller's wait has returned, and that
+    free takes the GIL. destroy_process_group leaves groups that a DeviceMesh still holds
+    alive, so the last collective's free can come after the interpreter has begun to
+    finalize: the thread's GIL request then unwinds it through a noexcept destructor,
+    and the rank aborts after a complete run ("terminate called without an active
+    exception", SIGABRT; seen in a core dump of a two-rank FSDP run), which torchrun
+    reports as a failed job.
     """
     sys.stdout.flush()
     sys.stderr.flush()

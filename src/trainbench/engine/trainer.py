@@ -653,9 +653,8 @@ class Trainer:
             if saving and (self.step == self.total_steps
                            or (interval > 0 and self.step % interval == 0)):
                 self.checkpointer.save(self.step)
-        # Leave together: a rank tearing down gloo while a peer still talks to it can
-        # abort the peer after a complete run ("terminate called without an active
-        # exception", SIGABRT: the CI run of 2026-11-26, a TP2 run's rank 1).
+        # Leave together: no rank tears its groups down while a peer still waits on it.
+        # (A rank must still leave through __main__.exit_now, whose comment says why.)
         if dist.is_initialized():
             dist.barrier()
 

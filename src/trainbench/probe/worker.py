@@ -429,4 +429,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from ..engine.__main__ import exit_now
+    exit_now(main(sys.argv[1:]))
