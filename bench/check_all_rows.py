@@ -78,7 +78,7 @@ def main() -> int:
                 print(f"  rank {r['rank']}: not traced: {traced.get('error')}", flush=True)
                 continue
             traced_off += abs(traced["gap_pct"]) > 10
-            tensors = (r["predicted"]["total"] - r["predicted"]["allowance"]) / GIB
+            tensors = r["predicted"]["tensors"] / GIB
             source = (f"from rank {traced['traced_rank']}'s trace" if "traced_rank" in traced
                       else f"over {microbatches_text(traced)}")
             print(f"  rank {r['rank']}: traced peak {traced['peak_bytes'] / GIB:7.2f} GiB "

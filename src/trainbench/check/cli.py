@@ -55,7 +55,7 @@ def predicted_for_rank(plan, pp_rank: int, config: dict | None = None) -> dict |
         return None
     return {"weights": m.weights, "gradients": m.gradients, "optimizer": m.optimizer,
             "activations": m.activations, "logits": m.logits, "transient": m.transient,
-            "allowance": m.allowance, "total": m.total,
+            "allowance": m.allowance, "total": m.total, "tensors": m.tensors,
             "model_state": m.weights + m.gradients + m.optimizer}
 
 
@@ -108,7 +108,7 @@ def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None
             if not own.get("error") and pred is not None:
                 # Tensors only on both sides: the trace sees no allocator, so predict's
                 # fragmentation and buffer allowance is left out of the comparison.
-                own["gap_pct"] = gap_pct(pred["total"] - pred["allowance"], own["peak_bytes"])
+                own["gap_pct"] = gap_pct(pred["tensors"], own["peak_bytes"])
     return {"workload": plan.workload, "size": plan.size, "dtype": plan.dtype,
             "gpus": plan.gpus, "gpu_type": plan.gpu_type, "layout": plan.layout.describe(),
             "ranks": results}
@@ -179,7 +179,7 @@ def print_table(data: dict) -> None:
                   f"forward/backward of {microbatches_text(traced)} "
                   f"{traced['forward_backward_peak_bytes'] / GIB:.2f} ({parts}) + AdamW "
                   f"moments {traced['optimizer_bytes'] / GIB:.2f}{buffers}; predicted tensors "
-                  f"{(pred['total'] - pred['allowance']) / GIB:.2f} GiB "
+                  f"{pred['tensors'] / GIB:.2f} GiB "
                   f"({traced['gap_pct']:+.1f}%), predicted peak with allowance "
                   f"{pred['total'] / GIB:.2f} GiB", highlight=False)
         if traced.get("note"):

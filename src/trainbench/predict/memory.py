@@ -72,6 +72,12 @@ class MemoryPrediction:
         return None if self.capacity is None else self.total <= self.capacity
 
     @property
+    def tensors(self) -> float:
+        """The total without the allowance: the tensors alone, what a memory trace or a CPU
+        run's allocator statistics see."""
+        return self.total - self.allowance
+
+    @property
     def total_gib(self) -> float:
         return self.total / GIB
 
@@ -324,8 +330,7 @@ def predict_memory(plan: Plan, *, sharding: str = "recipe", config: dict | None 
 def tensor_bytes(plan: Plan) -> float:
     """Bytes of tensors a run of trainbench's engine allocates at its peak, without the
     fragmentation and buffer allowance: what a CPU run's allocator statistics measure."""
-    m = predict_memory(plan, sharding=ENGINE)
-    return m.total - m.allowance
+    return predict_memory(plan, sharding=ENGINE).tensors
 
 
 def verdict(m: MemoryPrediction, gpu_type: str) -> str:
