@@ -659,6 +659,9 @@ class Trainer:
             dist.barrier()
 
     def close(self) -> None:
+        """Closes the run's files and destroys the process groups. A script driving a
+        Trainer itself should then leave as the engine does (engine/__main__.exit_now):
+        the interpreter's own teardown can abort a rank after a complete run."""
         if hasattr(self, "tracer"):
             self.tracer.close()
         if getattr(self, "telemetry", None) is not None:  # a run that ended inside the window
