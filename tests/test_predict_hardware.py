@@ -150,6 +150,34 @@ def test_profile_scan_sets_the_scan_efficiency(tmp_path):
                                 sharding="recipe", config={})
 
 
+def test_predict_names_where_the_scan_efficiency_comes_from_only_where_it_is_used(tmp_path):
+    """scan_eff is set by one workload's H100 cells: predict says so for Nemotron-H on the
+    H100 (fitted) and on a GPU no Nemotron-H recipe was measured on (assumed), names the
+    probe that would measure it, says nothing of it for a model without the scan, and a
+    profile with a measured scan replaces the label."""
+    def figures(workload, size, gpu, *extra):
+        res = runner.invoke(app, ["predict", "-w", workload, "-s", size, "--scale", "64",
+                                  "--gpu", gpu, "--format", "json", *extra])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["hardware_figures"]
+    h100 = figures("pretrain_nemotronh", "56b", "h100")["scan_eff"]
+    b200 = figures("pretrain_nemotronh", "56b", "b200")["scan_eff"]
+    assert h100.startswith("fitted to Nemotron-H's H100 step times")
+    assert b200.startswith("assumed: the H100 fraction of the BF16 peak, fitted to Nemotron-H")
+    assert "trainbench probe" in h100 and "trainbench probe" in b200
+    assert "scan_eff" not in figures("pretrain_llama3.1", "8b", "b200")
+    data = json.loads(PROFILE.read_text())
+    for rank in data["ranks"]:
+        rank["scan"] = {"name": "Nemotron-H 56B SSD scan (one TP8 rank)", "dtype": "bf16",
+                        "implementation": "mamba_ssm Triton kernel", "tflops": 120.0}
+    profile = tmp_path / "scan.json"
+    profile.write_text(json.dumps(data))
+    measured_scan = figures("pretrain_nemotronh", "56b", "h100", "--hardware", str(profile))
+    assert measured_scan["scan_eff"].startswith("measured: hardware profile")
+    plain = figures("pretrain_nemotronh", "56b", "h100", "--hardware", str(PROFILE))
+    assert plain["scan_eff"] == "not in the profile: " + h100
+
+
 def test_cli_hardware_json_and_bad_profiles(tmp_path):
     args = ["predict", "-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale",
             "16", "--format", "json"]

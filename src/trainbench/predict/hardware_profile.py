@@ -204,7 +204,8 @@ def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
     bf16_peak = device.peak("bf16")
     for name, measured in kernels.items():
         if measured is None:
-            labels[name] = "not in the profile: catalog constants"
+            labels[name] = "not in the profile: " + dict(device.figures).get(
+                name, "catalog constants")
             continue
         what, tflops, where, falloff = measured
         if tflops > bf16_peak:
@@ -246,7 +247,15 @@ def efficiency_labels(gpu_type: str, calibrated: dict) -> dict[str, str]:
                for n in names}
     else:
         out = transfer_constants(DEFAULTS.get(gpu_type, DEFAULTS[FITTED_ON]), gpu_type)[1]
-    out.update({n: "calibrated: cluster config 'calibration'" for n in names if n in calibrated})
+    # The scan's share of the peak is the one constant a single workload sets (constants.py),
+    # and no public measurement carries it to another GPU type: say so wherever it is used.
+    fitted = ("fitted to Nemotron-H's H100 step times, the only seed workload with the "
+              "Mamba-2 scan")
+    measure = "measure it with `trainbench probe` and pass --hardware"
+    out["scan_eff"] = (f"{fitted}; {measure}" if gpu_type == FITTED_ON else
+                       f"assumed: the H100 fraction of the BF16 peak, {fitted}; {measure}")
+    out.update({n: "calibrated: cluster config 'calibration'" for n in (*names, "scan_eff")
+                if n in calibrated})
     return out
 
 

@@ -60,7 +60,9 @@ def prediction_dict(plan: Plan, pred: StepPrediction, *, overrides: dict | None 
         "constants": pred.constants,
         "constants_source": ("hardware profile " + profile if profile
                              else "calibrated" if calibrated else "defaults"),
-        "hardware_figures": dict(figures or {}),
+        # The scan's efficiency only where the model runs the scan (Nemotron-H).
+        "hardware_figures": {name: where for name, where in (figures or {}).items()
+                             if name != "scan_eff" or pred.compute_breakdown.get("scan")},
         "hardware_profile": profile,
     }
     ref = published_reference(plan, overrides or {})
