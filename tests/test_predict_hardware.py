@@ -120,19 +120,24 @@ def test_profile_attention_sets_the_attention_efficiency(tmp_path):
         hp.predict_with_profile(plan, too_fast, sharding="recipe", config={})
 
 
+def _profile_with_scan(path: Path, rates: dict[int, float]) -> Path:
+    """The made-up H100 profile with a Mamba-2 scan rate per rank (150 TFLOPS where
+    `rates` names none), written to `path`."""
+    data = json.loads(PROFILE.read_text())
+    for rank in data["ranks"]:
+        rank["scan"] = {"name": "Nemotron-H 56B SSD scan (one TP8 rank)", "dtype": "bf16",
+                        "implementation": "mamba_ssm Triton kernel",
+                        "tflops": rates.get(rank["rank"], 150.0)}
+    path.write_text(json.dumps(data))
+    return path
+
+
 def test_profile_scan_sets_the_scan_efficiency(tmp_path):
     """The slowest rank's Mamba-2 scan (made-up: rank 2 at 98.9 TFLOPS, a tenth of the
     BF16 peak) replaces scan_eff, the constant only Nemotron-H informs; doubling every
     rank's rate halves the predicted scan time; above the peak it is refused."""
     def with_scan(rates: dict[int, float], name: str):
-        data = json.loads(PROFILE.read_text())
-        for rank in data["ranks"]:
-            rank["scan"] = {"name": "Nemotron-H 56B SSD scan (one TP8 rank)", "dtype": "bf16",
-                            "implementation": "mamba_ssm Triton kernel",
-                            "tflops": rates.get(rank["rank"], 150.0)}
-        path = tmp_path / name
-        path.write_text(json.dumps(data))
-        return hp.read_facts(path)
+        return hp.read_facts(_profile_with_scan(tmp_path / name, rates))
     plan = build_plan("pretrain_nemotronh", "56b", "fp8", 32, "h100")
     facts = with_scan({2: 98.9}, "scan.json")
     assert facts.scan[0] == 98.9 and "rank 2" in facts.scan[1]
@@ -166,12 +171,7 @@ def test_predict_names_where_the_scan_efficiency_comes_from_only_where_it_is_use
     assert b200.startswith("assumed: the H100 fraction of the BF16 peak, fitted to Nemotron-H")
     assert "trainbench probe" in h100 and "trainbench probe" in b200
     assert "scan_eff" not in figures("pretrain_llama3.1", "8b", "b200")
-    data = json.loads(PROFILE.read_text())
-    for rank in data["ranks"]:
-        rank["scan"] = {"name": "Nemotron-H 56B SSD scan (one TP8 rank)", "dtype": "bf16",
-                        "implementation": "mamba_ssm Triton kernel", "tflops": 120.0}
-    profile = tmp_path / "scan.json"
-    profile.write_text(json.dumps(data))
+    profile = _profile_with_scan(tmp_path / "scan.json", {})
     measured_scan = figures("pretrain_nemotronh", "56b", "h100", "--hardware", str(profile))
     assert measured_scan["scan_eff"].startswith("measured: hardware profile")
     plain = figures("pretrain_nemotronh", "56b", "h100", "--hardware", str(PROFILE))
