@@ -217,6 +217,53 @@ def heldout_diagnostics(constants: Constants) -> dict[str, float]:
     return out
 
 
+def same_layout_pairs(rows: list[dict]) -> list[dict]:
+    """Rows of one published table that ran the same workload and layout on two GPU types:
+    the measured and predicted step-time ratio of each such pair, and the floor it sets.
+
+    `rows` are predict_heldout's, in HELD_OUT's order. In a pair only the hardware differs
+    (one release, one layout), so the ratio checks predict's per-GPU figures alone. The
+    floor is the smallest mean |error| the pair can reach when both predictions are scaled
+    by one common factor, (1 - min(x, y) / max(x, y)) / 2 with x, y each row's
+    predicted-over-measured time: no change to what moves both GPU types alike (every
+    constant but the per-GPU hardware figures) takes the pair below it. A diagnosis, not a
+    fit: nothing here feeds a prediction.
+    """
+    groups: dict[tuple, dict[str, dict]] = {}
+    for row, r in zip(HELD_OUT, rows, strict=True):
+        setup = (row.source, row.workload, row.size, row.dtype, row.gpus, row.seq_len, row.tp,
+                 row.pp, row.cp, row.vp, row.mbs, row.gbs, row.fsdp)
+        groups.setdefault(setup, {})[row.gpu_type] = r
+    pairs = []
+    for by_gpu in groups.values():
+        gpus = sorted(by_gpu)
+        for i, first in enumerate(gpus):
+            for second in gpus[i + 1:]:
+                a, b = by_gpu[first], by_gpu[second]
+                x, y = a["predicted_s"] / a["measured_s"], b["predicted_s"] / b["measured_s"]
+                pairs.append({"gpus": f"{first}/{second}", "row": a["row"],
+                              "source": a["source"],
+                              "measured_ratio": a["measured_s"] / b["measured_s"],
+                              "predicted_ratio": a["predicted_s"] / b["predicted_s"],
+                              "floor_pct": 50 * (1 - min(x, y) / max(x, y)),
+                              "mean_abs_error_pct": 50 * (abs(x - 1) + abs(y - 1))})
+    return pairs
+
+
+def print_pairs(pairs: list[dict]) -> None:
+    """One line per GPU pair: how far apart the tables and predict put the two types."""
+    for gpus in sorted({p["gpus"] for p in pairs}):
+        these = [p for p in pairs if p["gpus"] == gpus]
+        measured = [p["measured_ratio"] for p in these]
+        predicted = [p["predicted_ratio"] for p in these]
+        print(f"    {gpus} in the same table and layout ({len(these)} pairs): step-time ratio "
+              f"measured {min(measured):.2f}-{max(measured):.2f}, predicted "
+              f"{min(predicted):.2f}-{max(predicted):.2f}; mean |error| "
+              f"{statistics.fmean(p['mean_abs_error_pct'] for p in these):.1f}%, floor with "
+              "these hardware figures (one common scale of both) "
+              f"{statistics.fmean(p['floor_pct'] for p in these):.1f}%")
+
+
 def _group_by_source(rows: list[dict]) -> dict[str, list[float]]:
     """Signed errors of the rows on GPU types other than H100, by published table."""
     out: dict[str, list[float]] = {}
@@ -282,7 +329,8 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
                      statistics.fmean(other(default_rows)),
                      "other_gpu_types_mean_abs_error_pct_without_measured_gemm":
                      statistics.fmean(other(unscaled_rows)),
-                     "diagnostics_mean_abs_error_pct": heldout_diagnostics(full)},
+                     "diagnostics_mean_abs_error_pct": heldout_diagnostics(full),
+                     "same_layout_pairs": same_layout_pairs(held_rows)},
         "moe_fitted_constants": predict_moe(full),
         "fitted_constants": full.to_dict(),
         "sweeps": sweeps,
@@ -318,6 +366,7 @@ def print_splits(acc: dict) -> None:
               f"{v['mean_abs_error_pct']:5.1f}%  signed {v['mean_signed_error_pct']:+6.1f}%")
     print("    diagnosis on those rows, not a fit: " + "; ".join(
         f"with {k} {v:.1f}%" for k, v in held["diagnostics_mean_abs_error_pct"].items()))
+    print_pairs(held["same_layout_pairs"])
     for r in held["rows"]:
         print(f"    {r['row']:74} {r['measured_s']:7.3f} s  predicted {r['predicted_s']:7.3f} s"
               f"  {r['error_pct']:+6.1f}%  (GEMMs {100 * r['gemm_share']:.0f}% of the step)")

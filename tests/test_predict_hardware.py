@@ -326,6 +326,33 @@ def test_held_out_rows_are_not_seed_cells_have_sources_and_are_predicted():
     assert all(r["predicted_s"] > 0 for r in rows)
 
 
+def test_same_layout_pairs_compare_gpu_types_within_one_table():
+    bench = _bench()
+    # Every row "predicted" 1.2x its measured time, except GB300's, predicted exactly.
+    rows = [{"row": r.key, "source": r.source, "measured_s": r.step_time_s,
+             "predicted_s": r.step_time_s * (1.0 if r.gpu_type == "gb300" else 1.2)}
+            for r in heldout.HELD_OUT]
+    pairs = bench.same_layout_pairs(rows)
+    eight_b = [p for p in pairs if p["gpus"] == "gb200/gb300" and " 8b " in p["row"]
+               and "@5776a6d" in p["source"]]
+    assert len(eight_b) == 1
+    pair = eight_b[0]
+    # Megatron-Bridge 25.11, Llama 3 8B on 8 GPUs, same layout: 31508 tokens/s/GPU on GB200,
+    # 37556 on GB300, so GB200's step is 37556 / 31508 times GB300's.
+    assert pair["measured_ratio"] == pytest.approx(37556 / 31508)
+    assert pair["predicted_ratio"] == pytest.approx(1.2 * 37556 / 31508)
+    # Errors +20% and 0%: mean 10%; one common scale can at best split the 1.2 ratio.
+    assert pair["mean_abs_error_pct"] == pytest.approx(10.0)
+    assert pair["floor_pct"] == pytest.approx(50 * (1 - 1 / 1.2))
+    # Only rows of one table and one layout pair up: no pair spans two releases or layouts.
+    for p in pairs:
+        a, b = p["gpus"].split("/")
+        assert p["row"].split(f"x{a} ")[1] in {r.key.split(f"x{b} ")[1] for r in heldout.HELD_OUT
+                                                  if r.gpu_type == b and r.source == p["source"]}
+    # Two GPU types that never share a table and layout give no pair.
+    assert not [p for p in pairs if "h100" in p["gpus"]]
+
+
 def test_search_ranks_layouts_with_the_profile_figures():
     from trainbench.predict.search import search
     facts = hp.read_facts(PROFILE)

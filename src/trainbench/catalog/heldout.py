@@ -37,6 +37,14 @@ MB_2511
     "25.11 NeMo Container", pre-training tables for DGX-GB300, DGX-GB200, DGX-B200 and
     DGX-H100; rows LLAMA3_8B, LLAMA3_70B, LLAMA3.1_405B in precision FP8-CS (per-tensor
     current scaling: trainbench's fp8), first figure of each cell.
+MB_2509, MB_2602, MB_260201, MB_2604, MB_2606
+    Same file at commits fa0315a (2025-10-10, "25.09 NeMo Container"), c0b9a00
+    (2026-02-26, "26.02"), cfeddcd (2026-03-21, "26.02.01"), 74695a0 (2026-04-17,
+    "26.04") and 8f341b0 (2026-06-22, "26.06"): every dense Llama 3 pre-training row in
+    precision FP8 (per-tensor current scaling, as 25.11 names it; the 25.09 tables have no
+    precision column and their first figure is that run: the parenthesised one is another
+    quantization granularity). MXFP8 and NVFP4 rows are skipped as below; so are 26.06's
+    LLAMA3_70B tables at seq 4096 and GBS 32, which are SFT and LoRA, not pre-training.
 MB_260401
     Same file at commit 21d102f (2026-05-27), "26.04.01 NeMo Container", per-model
     tables LLAMA3_70B and LLAMA3.1_405B, rows of precision FP8 (MXFP8 and NVFP4 rows
@@ -85,6 +93,16 @@ MB_2511 = ("Megatron-Bridge docs/performance-summary.md @5776a6d, 25.11 NeMo Con
            "pre-training tables, FP8-CS rows")
 MB_260401 = ("Megatron-Bridge docs/performance-summary.md @21d102f, 26.04.01 NeMo Container, "
              "FP8 rows")
+MB_2509 = ("Megatron-Bridge docs/performance-summary.md @fa0315a, 25.09 NeMo Container "
+           "pre-training tables, first figure of each cell (FP8)")
+MB_2602 = ("Megatron-Bridge docs/performance-summary.md @c0b9a00, 26.02 NeMo Container, "
+           "FP8 rows")
+MB_260201 = ("Megatron-Bridge docs/performance-summary.md @cfeddcd, 26.02.01 NeMo Container, "
+             "FP8 rows")
+MB_2604 = ("Megatron-Bridge docs/performance-summary.md @74695a0, 26.04 NeMo Container, "
+           "FP8 rows")
+MB_2606 = ("Megatron-Bridge docs/performance-summary.md @8f341b0, 26.06 NeMo Container, "
+           "FP8 rows")
 NEMO_2407_H100 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md @070a0bb, NeMo "
                   "24.07 DGX-H100 pre-training table (FP8)")
 DGXC_2509_GB200_405B = ("NVIDIA/dgxc-benchmarking llama3.1/README.md @07d4a4a, MFU example "
@@ -175,6 +193,16 @@ HELD_OUT: list[HeldOutRow] = [
                  NEMO_2507_GB200),
     HeldOutRow(_L, "405b", "bf16", "gb200", 128, 8192, 4, 8, 2, 8, 1, 64, False, 9.347, None,
                DGXC_2509_GB200_405B),
+    # Megatron-Bridge 25.09
+    _from_tokens(_L, "8b", "fp8", "gb200", 8, 8192, 1, 1, 1, 1, 2, 128, False, 31357, MB_2509),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 2, 128, True, 3986, MB_2509),
+    _from_tokens(_L, "405b", "fp8", "gb200", 128, 8192, 2, 1, 1, 1, 1, 64, True, 729, MB_2509),
+    _from_tokens(_L, "8b", "fp8", "b200", 8, 8192, 1, 1, 1, 1, 2, 128, False, 29994, MB_2509),
+    _from_tokens(_L, "405b", "fp8", "b200", 128, 8192, 4, 8, 2, 8, 1, 64, False, 664, MB_2509),
+    _from_tokens(_L, "8b", "fp8", "h100", 8, 8192, 1, 1, 1, 1, 1, 128, True, 14079, MB_2509),
+    _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 8, 1, 5, 1, 128, False, 1619, MB_2509),
+    _from_tokens(_L, "405b", "fp8", "h100", 1024, 8192, 8, 8, 2, 8, 1, 512, False, 302,
+                 MB_2509),
     # Megatron-Bridge 25.11
     _from_tokens(_L, "8b", "fp8", "gb300", 8, 8192, 1, 1, 1, 1, 2, 128, False, 37556, MB_2511),
     _from_tokens(_L, "70b", "fp8", "gb300", 64, 8192, 1, 1, 1, 1, 2, 256, True, 4520, MB_2511),
@@ -190,6 +218,35 @@ HELD_OUT: list[HeldOutRow] = [
     _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 8, 1, 5, 1, 128, False, 1602, MB_2511),
     _from_tokens(_L, "405b", "fp8", "h100", 1024, 8192, 8, 8, 2, 8, 1, 512, False, 292,
                  MB_2511),
+    # Megatron-Bridge 26.02
+    _from_tokens(_L, "70b", "fp8", "gb300", 64, 8192, 1, 1, 1, 1, 2, 256, True, 5003, MB_2602),
+    _from_tokens(_L, "405b", "fp8", "gb300", 256, 8192, 4, 8, 1, 4, 1, 1536, False, 988,
+                 MB_2602),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 2, 256, True, 4040, MB_2602),
+    _from_tokens(_L, "405b", "fp8", "gb200", 256, 8192, 4, 16, 1, 4, 1, 1536, False, 793,
+                 MB_2602),
+    _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 8, 1, 5, 1, 256, False, 1621, MB_2602),
+    _from_tokens(_L, "405b", "fp8", "h100", 1024, 8192, 8, 8, 2, 8, 1, 1536, False, 311,
+                 MB_2602),
+    # Megatron-Bridge 26.02.01
+    _from_tokens(_L, "70b", "fp8", "gb300", 64, 8192, 1, 1, 1, 1, 2, 256, True, 5243,
+                 MB_260201),
+    _from_tokens(_L, "405b", "fp8", "gb300", 256, 8192, 2, 8, 2, 4, 1, 1536, False, 1024,
+                 MB_260201),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 2, 256, True, 4357,
+                 MB_260201),
+    _from_tokens(_L, "405b", "fp8", "gb200", 256, 8192, 4, 16, 1, 4, 1, 1536, False, 818,
+                 MB_260201),
+    _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 8, 1, 5, 1, 256, False, 1639,
+                 MB_260201),
+    # Megatron-Bridge 26.04
+    _from_tokens(_L, "70b", "fp8", "gb300", 64, 8192, 1, 1, 1, 1, 2, 256, True, 5243, MB_2604),
+    _from_tokens(_L, "405b", "fp8", "gb300", 256, 8192, 4, 8, 1, 4, 1, 1536, False, 1036,
+                 MB_2604),
+    _from_tokens(_L, "70b", "fp8", "gb200", 64, 8192, 1, 1, 1, 1, 2, 256, True, 4143, MB_2604),
+    _from_tokens(_L, "405b", "fp8", "gb200", 256, 8192, 4, 16, 1, 4, 1, 1536, False, 842,
+                 MB_2604),
+    _from_tokens(_L, "70b", "fp8", "h100", 64, 8192, 4, 8, 1, 5, 1, 256, False, 1633, MB_2604),
     # Megatron-Bridge 26.04.01
     _from_tokens(_L, "70b", "fp8", "gb300", 64, 8192, 1, 1, 1, 1, 2, 256, True, 5248,
                  MB_260401),
@@ -203,6 +260,13 @@ HELD_OUT: list[HeldOutRow] = [
                  MB_260401),
     _from_tokens(_L, "405b", "fp8", "h100", 1024, 8192, 8, 8, 2, 8, 1, 1536, False, 328,
                  MB_260401),
+    # Megatron-Bridge 26.06
+    _from_tokens(_L, "405b", "fp8", "gb300", 256, 8192, 4, 8, 1, 4, 1, 1536, False, 1048,
+                 MB_2606),
+    _from_tokens(_L, "405b", "fp8", "gb200", 256, 8192, 4, 16, 1, 4, 1, 1536, False, 843,
+                 MB_2606),
+    _from_tokens(_L, "405b", "fp8", "h100", 1024, 8192, 8, 8, 2, 8, 1, 1536, False, 326,
+                 MB_2606),
     # NeMo 24.07, H100
     _from_tokens(_L, "8b", "fp8", "h100", 8, 8192, 1, 1, 2, 1, 1, 128, False, 12036,
                  NEMO_2407_H100),
