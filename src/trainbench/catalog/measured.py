@@ -28,19 +28,31 @@ CUDNN_SDPA
     benchmark for training): causal BF16 scaled-dot-product attention at Llama 3.1's
     shape (8 K/V heads of 128, GQA), sequence 8192, forward and backward timed apart.
     The figure stored is the fwd + bwd rate, (fwd FLOPs + bwd FLOPs) / (fwd ms + bwd ms),
-    from each CSV row's times and TFLOPS (both count causal FLOPs). Rows used, the latest
-    run per GPU in the repository:
-    - H200: results/h200_919_only_cudnn/llama3.1_20260227_034703.csv @3929da2, cuDNN
-      9.19, batch 1, 64 query heads: fwd 1.708 ms at 644, bwd 5.083 ms at 541 TFLOPS;
-    - B200: artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv @0b1577c (2025-10-10),
-      cuDNN 9.13.1 through PyTorch's cuDNN backend, batch 1, 128 query heads: fwd
-      1.877 ms at 1171.278, bwd 5.833 ms at 942.509 (the same file @f937055, cuDNN 9.10.2,
-      2025-06: 1211.1 / 945.4);
-    - GB200: results/llama3.1/gb200/llama3.1_20260424_100750.csv @3929da2, cuDNN 9.22,
-      batch 2, 64 query heads: fwd 1.397 ms at 1574, bwd 4.127 ms at 1332;
-    - GB300: results/llama3.1/gb300/llama3.1_20260424_100757.csv @3929da2, the same
-      settings: fwd 1.185 ms at 1856, bwd 3.832 ms at 1435.
-    As fractions of the BF16 peak: H200 0.57, B200 0.44, GB200 0.57, GB300 0.63. The same
+    from each CSV row's times and TFLOPS (both count causal FLOPs). predict divides one
+    GPU's rate by Hopper's, so the rows used are one software release and one batch, the
+    runs of cuDNN 9.19 at batch 1 and 64 query heads (the `*_919_only_cudnn` result
+    directories; GB200's and GB300's were removed at 50c8aeb, so they are cited at its
+    parent 107786d):
+    - H200: results/h200_919_only_cudnn/llama3.1_20260227_034703.csv @3929da2: fwd
+      1.708 ms at 644, bwd 5.083 ms at 541 TFLOPS;
+    - GB200: results/gb200_919_only_cudnn/llama3.1_20260226_174648.csv @107786d: fwd
+      0.688 ms at 1598, bwd 2.097 ms at 1311 (cuDNN 9.22 at batch 2, @3929da2: 1393 fwd +
+      bwd, 1% apart);
+    - GB300: results/gb300_919_only_cudnn/llama3.1_20260226_185510.csv @107786d: fwd
+      0.583 ms at 1887, bwd 1.985 ms at 1385 (cuDNN 9.22 at batch 2: 1534, 2% apart);
+    - B200: none stored. Its only run (artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv
+      @0b1577c, 2025-10-10, cuDNN 9.13.1 through PyTorch's cuDNN backend, batch 1, 128
+      query heads: fwd 1.877 ms at 1171.278, bwd 5.833 ms at 942.509, 998 TFLOPS fwd + bwd)
+      is of older software: GB300's run in the same directory and commit, same settings
+      (artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB300.csv @0b1577c: fwd 1.470 ms at
+      1495.674, bwd 4.865 ms at 1130.076, 1215 fwd + bwd) is 19% below GB300's cuDNN 9.19
+      run. Until 2026-11-27 it was stored, and B200's attention was charged at 0.44 of its
+      peak; B200 now keeps the fitted fraction (0.57 of 2250 = 1290 TFLOPS), labelled an
+      assumption, close to what the old run times GB300's software gain gives (998 x 1499 /
+      1215 = 1231, 5% apart).
+    As fractions of the BF16 peak: H200 0.57, GB200 0.56, GB300 0.61. A ratio of two
+    such rates is a hardware comparison only when both ran the same software, hence
+    B200's omission. The same
     repository's RMSNorm results (benchmark/norms/results, cuDNN 9.19) reach 0.78 of the
     HBM bandwidth on H200, GB200 and GB300 alike, so memory-bound kernels keep the fitted
     fraction of the bandwidth (no figure stored for them).
@@ -183,17 +195,20 @@ MEASURED: dict[str, MeasuredGPU] = {
                            for k, f in _H100_LINKS.items()},
                         attention_tflops=_HOPPER_SDPA),
     "b200": MeasuredGPU("b200", _mamf(1745.0, 3432.5), **_links_unknown(_CX7_PER_GPU),
-                        attention_tflops=_sdpa(1.877, 1171.278, 5.833, 942.509,
-                                               "B200, cuDNN 9.13.1 (@0b1577c)")),
+                        attention_tflops=Figure(None, "TFLOPS", reason=(
+                            "its only published run of cudnn-frontend's training attention "
+                            "benchmark is of cuDNN 9.13.1 (@0b1577c), older than the Hopper "
+                            "figure's 9.19, and GB300's run of that software is 21% below its "
+                            "current one; `trainbench probe` times the engine's attention"))),
     "b300": MeasuredGPU("b300", _mamf(1769.0, 3353.3), **_links_unknown()),
     # The table's GB200 'Theory' is 2500 / 5000; the efficiency here is against the
     # catalog's 2450 / 4900 (catalog.hardware), the peak predict divides by.
     "gb200": MeasuredGPU("gb200", _mamf(1822.0, 3615.6), **_links_unknown(_CX7_PER_GPU),
-                         attention_tflops=_sdpa(1.397, 1574, 4.127, 1332,
-                                                "GB200, cuDNN 9.22 (@3929da2)")),
+                         attention_tflops=_sdpa(0.688, 1598, 2.097, 1311,
+                                                "GB200, cuDNN 9.19 (@107786d)")),
     "gb300": MeasuredGPU("gb300", _gemm_unknown("bf16", "fp8"), **_links_unknown(),
-                         attention_tflops=_sdpa(1.185, 1856, 3.832, 1435,
-                                                "GB300, cuDNN 9.22 (@3929da2)")),
+                         attention_tflops=_sdpa(0.583, 1887, 1.985, 1385,
+                                                "GB300, cuDNN 9.19 (@107786d)")),
     "mi300x": MeasuredGPU("mi300x", _mamf(668.4, None), **_links_unknown()),
 }
 

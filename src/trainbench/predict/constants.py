@@ -119,8 +119,9 @@ def transfer_constants(c: Constants, gpu_type: str, from_type: str = FITTED_ON
     rate is taken to be the same on both types, so per dtype
     eff(gpu) = eff(from) * (measured(gpu) / peak(gpu)) / (measured(from) / peak(from)).
     attn_eff is carried the same way by the measured flash-attention rate (cuDNN's causal
-    fwd + bwd at a seed shape) over the BF16 peak: on B200 it reaches 0.44 of the peak
-    where H100 reaches 0.57, so scaling attention by the peak alone overstates it by 29%.
+    fwd + bwd at a seed shape, one cuDNN release for all) over the BF16 peak: on GB300 it
+    reaches 0.61 of the peak where Hopper reaches 0.57, so it is charged 7% above the
+    peak-scaled rate.
     Where either figure is missing the fraction stays the fitted one, labelled assumed."""
     from ..catalog import hardware, measured
     gpu_type, from_type = gpu_type.lower(), from_type.lower()
