@@ -250,6 +250,35 @@ def same_layout_pairs(rows: list[dict]) -> list[dict]:
     return pairs
 
 
+def release_blind_floor(times: list[float]) -> float:
+    """min over p of mean |p / t - 1|: the best one prediction can do for all of `times`.
+    The mean is piecewise linear in p with its corners at the times, so a time is a minimum."""
+    return min(statistics.fmean(abs(p / t - 1) for t in times) for p in times)
+
+
+def release_spread() -> dict:
+    """How much the tables themselves move between releases, on GPU types other than H100.
+
+    For each configuration (GPU type, workload, layout) published in more than one table,
+    the smallest mean |error| any prediction that ignores the release (one step time for
+    all of the configuration's rows) can reach: min over p of mean |p / measured - 1|,
+    reached at one of the measured times. Pooled over those rows, it is the part of the
+    held-out error no model of the hardware alone can remove. From the tables only.
+    """
+    groups: dict[tuple, list[float]] = {}
+    for row in HELD_OUT:
+        if row.gpu_type != "h100":
+            setup = (row.gpu_type, row.workload, row.size, row.dtype, row.gpus, row.seq_len,
+                     row.tp, row.pp, row.cp, row.vp, row.mbs, row.gbs, row.fsdp)
+            groups.setdefault(setup, []).append(row.step_time_s)
+    floors = []
+    for times in groups.values():
+        if len(times) > 1:
+            floors += [release_blind_floor(times)] * len(times)
+    return {"rows": len(floors), "configurations": sum(len(t) > 1 for t in groups.values()),
+            "floor_pct": _mean_abs_pct(floors) if floors else None}
+
+
 def print_pairs(pairs: list[dict]) -> None:
     """One line per GPU pair: how far apart the tables and predict put the two types."""
     for gpus in sorted({p["gpus"] for p in pairs}):
@@ -330,7 +359,8 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
                      "other_gpu_types_mean_abs_error_pct_without_measured_gemm":
                      statistics.fmean(other(unscaled_rows)),
                      "diagnostics_mean_abs_error_pct": heldout_diagnostics(full),
-                     "same_layout_pairs": same_layout_pairs(held_rows)},
+                     "same_layout_pairs": same_layout_pairs(held_rows),
+                     "release_spread": release_spread()},
         "moe_fitted_constants": predict_moe(full),
         "fitted_constants": full.to_dict(),
         "sweeps": sweeps,
@@ -366,6 +396,12 @@ def print_splits(acc: dict) -> None:
               f"{v['mean_abs_error_pct']:5.1f}%  signed {v['mean_signed_error_pct']:+6.1f}%")
     print("    diagnosis on those rows, not a fit: " + "; ".join(
         f"with {k} {v:.1f}%" for k, v in held["diagnostics_mean_abs_error_pct"].items()))
+    spread = held["release_spread"]
+    if spread["rows"]:
+        print(f"    the tables' own spread between releases: {spread['rows']} rows of "
+              f"{spread['configurations']} configurations published more than once; one step "
+              f"time per configuration, whatever the release, reaches at best "
+              f"{spread['floor_pct']:.1f}% on them")
     print_pairs(held["same_layout_pairs"])
     for r in held["rows"]:
         print(f"    {r['row']:74} {r['measured_s']:7.3f} s  predicted {r['predicted_s']:7.3f} s"

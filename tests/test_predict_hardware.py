@@ -359,6 +359,17 @@ def test_same_layout_pairs_compare_gpu_types_within_one_table():
     assert not [p for p in pairs if "h100" in p["gpus"]]
 
 
+def test_release_blind_floor_is_the_best_single_prediction():
+    bench = _bench()
+    # 1 s, 1 s, 2 s: predicting 1 s errs +0, +0, -50% (mean 1/6); 2 s errs +100, +100, 0
+    # (mean 2/3); anything between is worse than 1 s. One time alone needs no spread.
+    assert bench.release_blind_floor([1.0, 1.0, 2.0]) == pytest.approx(1 / 6)
+    assert bench.release_blind_floor([3.0]) == 0.0
+    spread = bench.release_spread()
+    assert spread["rows"] >= 2 * spread["configurations"] > 0
+    assert 0 < spread["floor_pct"] < 100
+
+
 def test_search_ranks_layouts_with_the_profile_figures():
     from trainbench.predict.search import search
     facts = hp.read_facts(PROFILE)
