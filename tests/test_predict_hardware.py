@@ -20,7 +20,8 @@ from trainbench.catalog import heldout, measured
 from trainbench.cli import app
 from trainbench.plan import build_plan
 from trainbench.predict import hardware_profile as hp
-from trainbench.predict.constants import default_constants
+from trainbench.predict.constants import default_constants, transfer_constants
+from trainbench.predict.perf import predict_step
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "tests" / "data" / "hardware" / "h100-made-up.json"
@@ -368,6 +369,32 @@ def test_release_blind_floor_is_the_best_single_prediction():
     spread = bench.release_spread()
     assert spread["rows"] >= 2 * spread["configurations"] > 0
     assert 0 < spread["floor_pct"] < 100
+
+
+def test_recipe_activation_offload_is_per_row_and_lowers_only_those_rows_memory():
+    bench = _bench()
+    by = {(r.source, r.gpu_type, r.size, r.fsdp): r for r in heldout.HELD_OUT}
+    # Megatron-Bridge's 70B FP8-CS recipes (llama3_workload_base_configs.py, v0.3.0):
+    # cpu_offloading_num_layers=20 on GB300, 40 on GB200; NeMo v2.4.0's GB200 CSV: 95 for
+    # the 405B FSDP row; the 405B TP4 PP16 recipe (use_megatron_fsdp=False) offloads none.
+    assert heldout.offload_layers(by[(heldout.MB_2602, "gb300", "70b", True)]) == 20
+    assert heldout.offload_layers(by[(heldout.MB_2602, "gb200", "70b", True)]) == 40
+    assert heldout.offload_layers(by[(heldout.NEMO_2507_GB200, "gb200", "405b", True)]) == 95
+    assert heldout.offload_layers(by[(heldout.MB_2602, "gb200", "405b", False)]) == 0
+    verdicts = {(v["source"], v["row"]): v
+                for v in bench.memory_verdicts(default_constants("h100"))}
+    for row in (by[(heldout.MB_2602, "gb200", "70b", True)],
+                by[(heldout.MB_2602, "gb200", "405b", False)]):
+        total = predict_step(bench.heldout_plan(row), sharding="fsdp" if row.fsdp else
+                             "distributed_optimizer",
+                             constants=transfer_constants(default_constants("h100"),
+                                                          row.gpu_type)[0]).memory.total
+        got = verdicts[(row.source, row.key)]["predicted_gib"] * 2**30
+        if heldout.offload_layers(row):
+            # 40 of 80 layers in host memory: close to half the activations come off.
+            assert got < 0.75 * total
+        else:
+            assert got == pytest.approx(total)
 
 
 def test_search_ranks_layouts_with_the_profile_figures():

@@ -71,6 +71,20 @@ MB_2509_MOE / MB_2511_MOE / MB_2602_MOE / MB_260401_MOE
     trainbench's mxfp8; FP8-CS and FP8 are its fp8. DeepSeek-V3 rows are without MTP
     where the table says so (25.11 GB300/GB200) and unstated otherwise.
 
+Recipe facts beyond the tables: activation offloading
+------------------------------------------------------
+Some published FSDP rows kept the activations of their first N transformer layers in
+host memory (Megatron's `cpu_offloading_num_layers`, NeMo's `activation_offload_layers`).
+The tables do not print it; RECIPE_OFFLOAD_LAYERS gives it per row with the recipe file
+that sets it: Megatron-Bridge `scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml`
+and `llama31/llama31_405b_llm_pretrain.yaml` at v0.1.0rc3 (25.09: GB200 70B 40 layers,
+405B 95), `configs/llama3/workload_base_configs.py` at v0.2.0 (25.11) and
+`configs/llama/llama3_workload_base_configs.py` at v0.3.0, v0.3.1, v0.4.0 and v0.4.1
+(26.02, 26.02.01, 26.04, 26.04.01: the 70B FP8-CS configs, GB300 20 layers and GB200
+40), and NVIDIA/NeMo `scripts/performance/recommended_model_configs/model_configs_gb200.csv`
+at v2.4.0 (NeMo 25.07's 405B GB200 row: 95; its 70B row and v2.3.0's, NeMo 25.04's,
+offload none). Every other row offloads nothing in its recipe.
+
 NeMo's LLAMA3 rows are Llama 3 models; trainbench's pretrain_llama3.1 8B / 70B / 405B have
 the same layers, widths and vocabulary (3.1 changed RoPE scaling and the training context,
 not the shapes a pretraining step at seq 8192 runs).
@@ -314,3 +328,23 @@ HELD_OUT_MOE: list[HeldOutRow] = [
     _moe(_Q, "235b_a22b", "mxfp8", "gb200", 256, 1, 8, 3, 32, 1, 8192, 5680, 840,
          MB_260401_MOE),
 ]
+
+
+# (table, GPU type, size) of the FSDP rows whose recipe offloads activations: how many
+# transformer layers' activations live in host memory (see "Recipe facts" above).
+_MB_70B_OFFLOAD = {(src, "gb300", "70b"): 20 for src in (MB_2511, MB_2602, MB_260201, MB_2604,
+                                                         MB_260401)}
+_MB_70B_OFFLOAD.update({(src, "gb200", "70b"): 40 for src in (MB_2509, MB_2511, MB_2602,
+                                                              MB_260201, MB_2604, MB_260401)})
+RECIPE_OFFLOAD_LAYERS: dict[tuple[str, str, str], int] = {
+    **_MB_70B_OFFLOAD,
+    (MB_2509, "gb200", "405b"): 95,
+    (NEMO_2507_GB200, "gb200", "405b"): 95,
+}
+
+
+def offload_layers(row: HeldOutRow) -> int:
+    """Transformer layers whose activations the row's recipe kept in host memory."""
+    if not row.fsdp:
+        return 0
+    return RECIPE_OFFLOAD_LAYERS.get((row.source, row.gpu_type, row.size), 0)
