@@ -33,16 +33,21 @@ import sys
 
 from trainbench.catalog import recipes
 from trainbench.catalog.references import REFERENCES
-from trainbench.catalog.heldout import HELD_OUT, HELD_OUT_MOE, HeldOutRow, offload_layers
+from trainbench.catalog.heldout import (HELD_OUT, HELD_OUT_MOE, HeldOutRow, offload_layers,
+                                        te_cross_entropy)
 from trainbench.plan import build_plan
 from trainbench.predict import calibrate
 from trainbench.predict.constants import Constants, default_constants, transfer_constants
 from trainbench.predict.perf import predict_step
+from trainbench.predict.work import UNFUSED_LOSS_BYTES_PER_LOGIT
 from trainbench.predict.published import published_plan
 
 # The published runs shard with Megatron's distributed optimizer, or Megatron FSDP where a
 # table says FSDP=1 (catalog.heldout); the seed cells as their recipes ran (MaxText: FSDP).
 RECIPE = "recipe"
+# Bytes per logit at the loss's peak under Transformer Engine's fused cross entropy: the
+# BF16 logits, which take the gradient in place (catalog.heldout, "the loss").
+TE_LOSS_BYTES = 2.0
 # Coordinate-descent sweeps per refit (calibrate.fit): ~8 s each on the 79 cells here.
 SWEEPS = 3
 
@@ -253,12 +258,16 @@ def same_layout_pairs(rows: list[dict]) -> list[dict]:
 def memory_verdicts(constants: Constants) -> list[dict]:
     """Whether predict's memory model lets each published configuration fit, as it ran.
 
-    Every held-out row ran, so each is a configuration that fits. Rows whose recipe kept
-    some layers' activations in host memory (catalog.heldout.offload_layers) are checked
-    with those layers' share of the rank's activations, and of the fragmentation allowance
-    on them, taken off: the offloading runs are all PP1 FSDP over identical Llama blocks,
-    so a layer holds activations / layers (the embedding's and head's stay, which makes
-    the share slightly high). The transfers' time is not charged here nor by predict.
+    Every held-out row ran, so each is a configuration that fits. Two recipe facts the
+    tables do not print are applied, each with the fragmentation allowance on what it
+    removes: rows whose recipe kept some layers' activations in host memory
+    (catalog.heldout.offload_layers) lose those layers' share of the rank's activations
+    (the offloading runs are all PP1 FSDP over identical Llama blocks, so a layer holds
+    activations / layers; the embedding's and head's stay, which makes the share slightly
+    high), and rows whose run used TE's fused cross entropy (catalog.heldout.
+    te_cross_entropy) keep 2 bytes per logit at the loss instead of the 10 of Megatron's
+    unfused loss that predict charges. The transfers' time is not charged, here or by
+    predict.
     """
     out = []
     for row in HELD_OUT:
@@ -269,8 +278,12 @@ def memory_verdicts(constants: Constants) -> list[dict]:
         layers = offload_layers(row)
         moved = (mem.activations * (1 + c.fragmentation) * layers / plan.model.layers
                  if layers and plan.layout.pp == 1 else 0.0)
-        total = mem.total - moved
+        fused = te_cross_entropy(row)
+        loss_saving = (mem.logits * (1 - TE_LOSS_BYTES / UNFUSED_LOSS_BYTES_PER_LOGIT)
+                       * (1 + c.fragmentation) if fused else 0.0)
+        total = mem.total - moved - loss_saving
         out.append({"row": row.key, "source": row.source, "offload_layers": layers,
+                    "te_cross_entropy": fused,
                     "predicted_gib": total / 2**30, "capacity_gib": mem.capacity / 2**30,
                     "fits": total <= mem.capacity})
     return out
@@ -280,13 +293,14 @@ def print_memory(verdicts: list[dict]) -> None:
     fit = sum(v["fits"] for v in verdicts)
     print(f"\nMemory (every held-out row ran, so each fits): predict says {fit} of "
           f"{len(verdicts)} fit, counting the activations the recipes kept in host memory "
-          f"({sum(v['offload_layers'] > 0 for v in verdicts)} rows offload layers)")
+          f"({sum(v['offload_layers'] > 0 for v in verdicts)} rows offload layers) and TE's "
+          f"fused loss ({sum(v['te_cross_entropy'] for v in verdicts)} rows)")
     for v in verdicts:
         if not v["fits"]:
             over = 100 * (v["predicted_gib"] / v["capacity_gib"] - 1)
             note = f", {v['offload_layers']} layers offloaded" if v["offload_layers"] else ""
             print(f"    {v['row']:74} {v['predicted_gib']:6.1f} GiB of "
-                  f"{v['capacity_gib']:5.1f} usable (+{over:.0f}%{note})  "
+                  f"{v['capacity_gib']:5.1f} usable (+{over:.1f}%{note})  "
                   f"[{v['source'].split(', ')[0]}]")
 
 

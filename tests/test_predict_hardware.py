@@ -381,9 +381,16 @@ def test_recipe_activation_offload_is_per_row_and_lowers_only_those_rows_memory(
     assert heldout.offload_layers(by[(heldout.MB_2602, "gb200", "70b", True)]) == 40
     assert heldout.offload_layers(by[(heldout.NEMO_2507_GB200, "gb200", "405b", True)]) == 95
     assert heldout.offload_layers(by[(heldout.MB_2602, "gb200", "405b", False)]) == 0
+    # TE's fused loss: Megatron-Bridge's Llama providers and perf overrides, NeMo's perf
+    # helpers from v2.4.0 (25.07) only.
+    assert heldout.te_cross_entropy(by[(heldout.MB_2509, "gb200", "70b", True)])
+    assert heldout.te_cross_entropy(by[(heldout.NEMO_2507_GB200, "gb200", "70b", True)])
+    assert not heldout.te_cross_entropy(by[(heldout.NEMO_2504_GB200, "gb200", "70b", True)])
     verdicts = {(v["source"], v["row"]): v
                 for v in bench.memory_verdicts(default_constants("h100"))}
     for row in (by[(heldout.MB_2602, "gb200", "70b", True)],
+                by[(heldout.NEMO_2507_GB200, "gb200", "70b", True)],
+                by[(heldout.NEMO_2504_GB200, "gb200", "70b", True)],
                 by[(heldout.MB_2602, "gb200", "405b", False)]):
         total = predict_step(bench.heldout_plan(row), sharding="fsdp" if row.fsdp else
                              "distributed_optimizer",
@@ -393,7 +400,11 @@ def test_recipe_activation_offload_is_per_row_and_lowers_only_those_rows_memory(
         if heldout.offload_layers(row):
             # 40 of 80 layers in host memory: close to half the activations come off.
             assert got < 0.75 * total
+        elif heldout.te_cross_entropy(row) and row.pp == 1:
+            # The loss's 10 B per logit become 2: 8 x 8192 x 128256 B at MBS 1.
+            assert total - got == pytest.approx(8 * 8192 * 128256, rel=0.1)
         else:
+            # No recipe fact applies (or, under PP16, rank 0 holds no logits).
             assert got == pytest.approx(total)
 
 

@@ -85,6 +85,20 @@ and `llama31/llama31_405b_llm_pretrain.yaml` at v0.1.0rc3 (25.09: GB200 70B 40 l
 at v2.4.0 (NeMo 25.07's 405B GB200 row: 95; its 70B row and v2.3.0's, NeMo 25.04's,
 offload none). Every other row offloads nothing in its recipe.
 
+Recipe facts beyond the tables: the loss
+----------------------------------------
+The runs behind Megatron-Bridge's tables (25.09 on) and NeMo 25.07's compute the loss
+with Transformer Engine's fused cross entropy: Megatron-Bridge's Llama 3 8B / 70B and
+Llama 3.1 405B model providers set `cross_entropy_fusion_impl = "te"`
+(`src/megatron/bridge/models/llama/llama_provider.py` at v0.1.0rc3) and its performance
+overrides set it again (`scripts/performance/utils/helpers.py` at v0.2.0,
+`utils/overrides.py` from v0.3.1); NeMo's performance helpers set it from v2.4.0
+(`scripts/performance/helpers.py`, "enable cross entropy fusion with TE kernel"), not in
+v2.3.0 and before. That loss keeps only the BF16 logits for its backward and writes the
+gradient into them (`transformer_engine/pytorch/cross_entropy.py`: it saves `_input`, the
+target and per-token statistics): 2 bytes per logit, where Megatron's unfused
+vocabulary-parallel loss, which predict charges, holds 10.
+
 NeMo's LLAMA3 rows are Llama 3 models; trainbench's pretrain_llama3.1 8B / 70B / 405B have
 the same layers, widths and vocabulary (3.1 changed RoPE scaling and the training context,
 not the shapes a pretraining step at seq 8192 runs).
@@ -348,3 +362,13 @@ def offload_layers(row: HeldOutRow) -> int:
     if not row.fsdp:
         return 0
     return RECIPE_OFFLOAD_LAYERS.get((row.source, row.gpu_type, row.size), 0)
+
+
+# The tables whose runs used Transformer Engine's fused cross entropy (see "the loss").
+TE_CROSS_ENTROPY_SOURCES = frozenset({MB_2509, MB_2511, MB_2602, MB_260201, MB_2604, MB_260401,
+                                      MB_2606, NEMO_2507_GB200})
+
+
+def te_cross_entropy(row: HeldOutRow) -> bool:
+    """Whether the row's run computed the loss with TE's fused cross entropy."""
+    return row.source in TE_CROSS_ENTROPY_SOURCES

@@ -304,6 +304,11 @@ LOSS_CHUNK_ELEMENTS = 2 ** 27
 CHUNK_ELEMENTS; a test keeps the two equal, this module stays free of torch)."""
 
 
+# Megatron-LM's vocabulary-parallel cross entropy at its peak, per logit: bf16 logits (2 B),
+# the fp32 softmax kept for the backward (4 B) and the fp32 gradient it becomes (4 B).
+UNFUSED_LOSS_BYTES_PER_LOGIT = 10.0
+
+
 def logits_bytes(m: ModelSpec, sh: Shape) -> float:
     """Peak memory of the loss on the last stage: bf16 logits (2 B), the fp32 softmax kept
     for the backward (4 B) and the fp32 gradient it becomes (4 B) per logit (Megatron-LM's
@@ -316,7 +321,7 @@ def logits_bytes(m: ModelSpec, sh: Shape) -> float:
     logits = sh.tokens * m.vocab_size / sh.tp
     if sh.engine and logits > LOSS_CHUNK_ELEMENTS:
         return 2.0 * sh.act_bytes * logits + 12.0 * LOSS_CHUNK_ELEMENTS
-    return 10.0 * logits
+    return UNFUSED_LOSS_BYTES_PER_LOGIT * logits
 
 
 def block_kinds(m: ModelSpec) -> list[tuple[str, ...]]:
