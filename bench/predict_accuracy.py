@@ -222,6 +222,12 @@ def heldout_diagnostics(constants: Constants) -> dict[str, float]:
     return out
 
 
+def _setup(row: HeldOutRow) -> tuple:
+    """What a published run ran, but for its GPU type and table: workload and layout."""
+    return (row.workload, row.size, row.dtype, row.gpus, row.seq_len, row.tp, row.pp, row.cp,
+            row.vp, row.mbs, row.gbs, row.fsdp)
+
+
 def same_layout_pairs(rows: list[dict]) -> list[dict]:
     """Rows of one published table that ran the same workload and layout on two GPU types:
     the measured and predicted step-time ratio of each such pair, and the floor it sets.
@@ -236,9 +242,7 @@ def same_layout_pairs(rows: list[dict]) -> list[dict]:
     """
     groups: dict[tuple, dict[str, dict]] = {}
     for row, r in zip(HELD_OUT, rows, strict=True):
-        setup = (row.source, row.workload, row.size, row.dtype, row.gpus, row.seq_len, row.tp,
-                 row.pp, row.cp, row.vp, row.mbs, row.gbs, row.fsdp)
-        groups.setdefault(setup, {})[row.gpu_type] = r
+        groups.setdefault((row.source, *_setup(row)), {})[row.gpu_type] = r
     pairs = []
     for by_gpu in groups.values():
         gpus = sorted(by_gpu)
@@ -322,9 +326,7 @@ def release_spread() -> dict:
     groups: dict[tuple, list[float]] = {}
     for row in HELD_OUT:
         if row.gpu_type != "h100":
-            setup = (row.gpu_type, row.workload, row.size, row.dtype, row.gpus, row.seq_len,
-                     row.tp, row.pp, row.cp, row.vp, row.mbs, row.gbs, row.fsdp)
-            groups.setdefault(setup, []).append(row.step_time_s)
+            groups.setdefault((row.gpu_type, *_setup(row)), []).append(row.step_time_s)
     floors = []
     for times in groups.values():
         if len(times) > 1:
