@@ -162,3 +162,17 @@ def test_engine_loss_memory_follows_its_chunked_loss():
     assert predict_memory(tp2, sharding="recipe").logits / GIB == pytest.approx(4.89, abs=0.01)
     assert predict_memory(tp2, sharding="engine").logits / GIB == pytest.approx(
         1.96 + 1.5, abs=0.01)
+
+
+@pytest.mark.parametrize("sharding", ["distributed_optimizer", "fsdp", "recipe"])
+def test_megatron_memory_says_it_charges_the_unfused_loss_and_no_offload(sharding):
+    # NVIDIA's current recipes hold less than these figures (TE's fused loss, activation
+    # offload): every Megatron-mode figure says what it leaves out; the engine's does not.
+    plan = build_plan("pretrain_llama3.1", "70b", "fp8", 64, "gb300",
+                      overrides={"tp": 1, "pp": 1, "cp": 1, "vp": 1, "mbs": 2, "gbs": 256})
+    megatron = predict_memory(plan, sharding=sharding)
+    assert "unfused cross entropy (10 B per logit)" in megatron.assumption
+    assert "no activation offload" in megatron.assumption
+    assert "unfused" not in predict_memory(plan, sharding="engine").assumption
+    # The figure it names is the one charged: 10 B per logit of MBS 2 x 8192 tokens.
+    assert megatron.logits == pytest.approx(10 * 2 * 8192 * 128256)
