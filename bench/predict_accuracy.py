@@ -16,7 +16,11 @@
      GEMM efficiencies carried to the row's GPU by catalog.measured's measured GEMM
      figures (constants.transfer_constants, as `predict` does); nothing is fitted on them.
      Each row's error, the mean, and the mean over the GPU types the seeds never measured
-     (the issue's 10% target).
+     (the issue's 10% target); what that error is made of, from the tables alone: how far
+     the tables move between releases, and pairs of GPU types in one table and layout
+     (measured against predicted step-time ratio).
+   - memory: every held-out configuration ran, so predict's memory model should let it
+     fit, given what its recipe kept in host memory and how it computed the loss.
 
     .venv/bin/python bench/predict_accuracy.py [--format table|json] [--no-config] [--quick]
 
