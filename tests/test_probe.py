@@ -178,6 +178,25 @@ def test_verdict_flags_only_what_is_more_than_5_percent_below_its_peers():
     assert P.health_verdict(ranks[:3], [])["status"] == "healthy"
 
 
+def test_cpu_ranks_of_one_host_are_not_compared_on_copy_bandwidth():
+    def cpu(rank, host, local, tflops, gbs):
+        return {**_rank(rank, host, local, tflops, gbs), "threads": 1}
+    # Two CPU ranks of one host copy through the same RAM: 7% apart is contention.
+    one_host = [cpu(0, "a", 0, 0.16, 12.9), cpu(1, "a", 1, 0.16, 13.9)]
+    verdict = P.health_verdict(one_host, [])
+    assert verdict["status"] == "healthy" and not verdict["findings"]
+    assert "not compared between CPU ranks of one host" in verdict["notes"][0]
+    # Their GEMMs still are: a quarter of the rate is named.
+    slowed = [cpu(0, "a", 0, 0.16, 12.9), cpu(1, "a", 1, 0.04, 13.9)]
+    (finding,) = P.health_verdict(slowed, [])["findings"]
+    assert finding["rank"] == 1 and finding["metric"] == "bf16 GEMM TFLOPS"
+    # CPU ranks on two hosts have memories of their own: compared as GPUs are.
+    two_hosts = [cpu(0, "a", 0, 0.16, 12.9), cpu(1, "b", 0, 0.16, 13.9)]
+    (finding,) = P.health_verdict(two_hosts, [])["findings"]
+    assert finding["rank"] == 0 and finding["metric"] == "memory bandwidth GB/s"
+    assert not P.health_verdict(two_hosts, [])["notes"]
+
+
 def test_verdict_names_a_slow_node_group():
     def group(name, host, busbw):
         return P.collective_entry("all_reduce", name, "node", [0, 1], [host],

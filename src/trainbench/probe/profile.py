@@ -246,8 +246,19 @@ def rank_metrics(rank: dict) -> dict[str, float]:
             key = f"{g['dtype']} GEMM TFLOPS"
             metrics[key] = max(metrics.get(key, 0.0), g["tflops"])
     if rank.get("memory", {}).get("gbs"):
-        metrics["memory bandwidth GB/s"] = rank["memory"]["gbs"]
+        metrics[MEMORY_METRIC] = rank["memory"]["gbs"]
     return metrics
+
+
+MEMORY_METRIC = "memory bandwidth GB/s"
+
+
+def _share_memory(rank: dict, other: dict) -> bool:
+    """Two CPU ranks on one host copy through the same RAM at the same time, so a gap
+    between their copy rates is contention, not a slow device (a GPU's copy stays in its
+    own HBM). The worker records `threads` for CPU ranks only."""
+    return (rank.get("threads") is not None and other.get("threads") is not None
+            and rank["host"] == other["host"])
 
 
 def _where(rank: dict) -> str:
@@ -257,13 +268,16 @@ def _where(rank: dict) -> str:
 def health_verdict(ranks: list[dict], collectives: list[dict]) -> dict:
     """Slow ranks (a GEMM or memory figure more than 5% below the median of the other
     ranks) and slow groups (the bus bandwidth at the largest size more than 5% below the
-    median of the other groups of the same kind), each named with host and index."""
-    findings = []
+    median of the other groups of the same kind), each named with host and index. CPU
+    ranks are not compared on copy bandwidth with ranks of their own host (_share_memory),
+    and the verdict's notes say so."""
+    findings, notes = [], []
     for rank in ranks:
         mine = rank_metrics(rank)
         worst = None
         for metric, value in mine.items():
-            peers = [rank_metrics(other).get(metric) for other in ranks if other is not rank]
+            peers = [rank_metrics(other).get(metric) for other in ranks if other is not rank
+                     and not (metric == MEMORY_METRIC and _share_memory(rank, other))]
             shortfall = _below(value, [p for p in peers if p is not None])
             if shortfall is not None and (worst is None or shortfall > worst[1]):
                 worst = (metric, shortfall, value, statistics.median(
@@ -294,12 +308,17 @@ def health_verdict(ranks: list[dict], collectives: list[dict]) -> dict:
                                f"{last['busbw_gbs']:.3g} GB/s at {fmt_bytes(last['size'])} is "
                                f"{100 * shortfall:.0f}% below its peers' median "
                                f"({statistics.median(peers):.3g} GB/s)"})
+    if any(_share_memory(a, b) for i, a in enumerate(ranks) for b in ranks[i + 1:]):
+        notes.append("copy bandwidth is not compared between CPU ranks of one host: they "
+                     "share its memory, so a gap between them is contention, not a slow "
+                     "device")
     compared = len(ranks) > 1
     if findings:
         status = "slow"
     else:
         status = "healthy" if compared else "not compared (one rank has no peers)"
-    return {"status": status, "threshold_pct": 100 * SLOW_FRACTION, "findings": findings}
+    return {"status": status, "threshold_pct": 100 * SLOW_FRACTION, "findings": findings,
+            "notes": notes}
 
 
 # --- the profile file -------------------------------------------------------------------------
