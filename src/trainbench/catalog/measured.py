@@ -198,8 +198,8 @@ MEASURED: dict[str, MeasuredGPU] = {
                         attention_tflops=Figure(None, "TFLOPS", reason=(
                             "its only published run of cudnn-frontend's training attention "
                             "benchmark is of cuDNN 9.13.1 (@0b1577c), older than the Hopper "
-                            "figure's 9.19, and GB300's run of that software is 21% below its "
-                            "current one; `trainbench probe` times the engine's attention"))),
+                            "figure's 9.19, and GB300's run of that software is 19% below its "
+                            "cuDNN 9.19 one; `trainbench probe` times the engine's attention"))),
     "b300": MeasuredGPU("b300", _mamf(1769.0, 3353.3), **_links_unknown()),
     # The table's GB200 'Theory' is 2500 / 5000; the efficiency here is against the
     # catalog's 2450 / 4900 (catalog.hardware), the peak predict divides by.

@@ -105,15 +105,20 @@ MEGATRON_LOSS_AND_OFFLOAD = (
 
 def describe_sharding(ctx: Context) -> str:
     """The sharding a memory figure assumes, in one phrase a reader can check against the
-    run they mean: trainbench's engine (FSDP2) or the published recipe's framework."""
+    run they mean: trainbench's engine (FSDP2) or the published recipe's framework, whose
+    figures also say what they leave out (MEGATRON_LOSS_AND_OFFLOAD)."""
+    engine = ctx.requested_sharding == ENGINE
+    return _sharding_phrase(ctx) + ("" if engine else MEGATRON_LOSS_AND_OFFLOAD)
+
+
+def _sharding_phrase(ctx: Context) -> str:
     lay = ctx.plan.layout
     whose = {ENGINE: "trainbench's engine", "recipe": "the recipe"}.get(
         ctx.requested_sharding, "--sharding " + ctx.requested_sharding)
     if ctx.sharding == DISTRIBUTED_OPTIMIZER:
         n = lay.dp * lay.cp
         return (f"distributed optimizer ({whose}): optimizer state sharded over dp x cp = "
-                f"{n} rank{'s' if n > 1 else ''}, weights and gradients whole on every rank"
-                + MEGATRON_LOSS_AND_OFFLOAD)
+                f"{n} rank{'s' if n > 1 else ''}, weights and gradients whole on every rank")
     n, replicas = ctx.groups.fsdp.size, ctx.groups.replicas.size
     engine = ctx.requested_sharding == ENGINE
     name = "FSDP2" if engine else "FSDP"
@@ -143,8 +148,6 @@ def describe_sharding(ctx: Context) -> str:
     elif engine and lay.pp > 1:
         text += (f"; under PP a stage's weights stay gathered and its {grad_dtype} gradients "
                  "whole until the step's last backward")
-    if not engine:
-        text += MEGATRON_LOSS_AND_OFFLOAD
     return text
 
 
