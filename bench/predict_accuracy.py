@@ -42,16 +42,13 @@ from trainbench.catalog.heldout import (HELD_OUT, HELD_OUT_MOE, HeldOutRow, offl
 from trainbench.plan import build_plan
 from trainbench.predict import calibrate
 from trainbench.predict.constants import Constants, default_constants, transfer_constants
+from trainbench.predict.context import MegatronRun
 from trainbench.predict.perf import predict_step
-from trainbench.predict.work import UNFUSED_LOSS_BYTES_PER_LOGIT
 from trainbench.predict.published import published_plan
 
 # The published runs shard with Megatron's distributed optimizer, or Megatron FSDP where a
 # table says FSDP=1 (catalog.heldout); the seed cells as their recipes ran (MaxText: FSDP).
 RECIPE = "recipe"
-# Bytes per logit at the loss's peak under Transformer Engine's fused cross entropy: the
-# BF16 logits, which take the gradient in place (catalog.heldout, "the loss").
-TE_LOSS_BYTES = 2.0
 # Coordinate-descent sweeps per refit (calibrate.fit): ~8 s each on the 79 cells here.
 SWEEPS = 3
 
@@ -138,16 +135,28 @@ def heldout_plan(row: HeldOutRow):
                                      gbs=row.gbs, seq_len=row.seq_len))
 
 
+def heldout_run(row: HeldOutRow) -> MegatronRun:
+    """How the row's run computed its loss and what it kept in host memory (catalog.heldout's
+    recipe facts), as `predict --loss te --offload-layers N` takes them."""
+    return MegatronRun(fused_loss=te_cross_entropy(row), offload_layers=offload_layers(row))
+
+
+def predict_heldout_row(row: HeldOutRow, constants: Constants):
+    """The row predicted as it ran: its sharding, loss and offload (what `predict` prints
+    for it with --sharding fsdp / distributed_optimizer, --loss and --offload-layers)."""
+    return predict_step(heldout_plan(row),
+                        sharding="fsdp" if row.fsdp else "distributed_optimizer",
+                        constants=constants, megatron=heldout_run(row))
+
+
 def predict_heldout(constants: Constants, measured_gemm: bool = True) -> list[dict]:
     """Each held-out row predicted with the given (H100 seed-fitted) constants, carried to
     the row's GPU type by the measured GEMM figures of catalog.measured (what `predict`
     does for that type), or with the H100 fractions of peak as they are."""
     out = []
     for row in HELD_OUT:
-        plan = heldout_plan(row)
         c = transfer_constants(constants, row.gpu_type)[0] if measured_gemm else constants
-        pred = predict_step(plan, sharding="fsdp" if row.fsdp else "distributed_optimizer",
-                            constants=c)
+        pred = predict_heldout_row(row, c)
         out.append({"row": row.key, "gpu": row.gpu_type, "source": row.source,
                     "measured_s": row.step_time_s,
                     "predicted_s": pred.step_time_s,
@@ -266,43 +275,36 @@ def same_layout_pairs(rows: list[dict]) -> list[dict]:
 def memory_verdicts(constants: Constants) -> list[dict]:
     """Whether predict's memory model lets each published configuration fit, as it ran.
 
-    Every held-out row ran, so each is a configuration that fits. Two recipe facts the
-    tables do not print are applied, each with the fragmentation allowance on what it
-    removes: rows whose recipe kept some layers' activations in host memory
-    (catalog.heldout.offload_layers) lose those layers' share of the rank's activations
-    (the offloading runs are all PP1 FSDP over identical Llama blocks, so a layer holds
-    activations / layers; the embedding's and head's stay, which makes the share slightly
-    high), and rows whose run used TE's fused cross entropy (catalog.heldout.
-    te_cross_entropy) keep 2 bytes per logit at the loss instead of the 10 of Megatron's
-    unfused loss that predict charges. The transfers' time is not charged, here or by
-    predict.
+    Every held-out row ran, so each is a configuration that fits. Each is predicted twice:
+    as it ran (heldout_run: TE's fused loss where its release used it, the layers its
+    recipe offloaded; `predict --loss te --offload-layers N`), and as plain predict does
+    without those facts (Megatron's unfused loss, nothing offloaded). The offloads'
+    transfer time is not charged, here or by predict.
     """
     out = []
     for row in HELD_OUT:
-        plan = heldout_plan(row)
         c = transfer_constants(constants, row.gpu_type)[0]
-        mem = predict_step(plan, sharding="fsdp" if row.fsdp else "distributed_optimizer",
-                           constants=c).memory
-        layers = offload_layers(row)
-        moved = (mem.activations * (1 + c.fragmentation) * layers / plan.model.layers
-                 if layers and plan.layout.pp == 1 else 0.0)
-        fused = te_cross_entropy(row)
-        loss_saving = (mem.logits * (1 - TE_LOSS_BYTES / UNFUSED_LOSS_BYTES_PER_LOGIT)
-                       * (1 + c.fragmentation) if fused else 0.0)
-        total = mem.total - moved - loss_saving
-        out.append({"row": row.key, "source": row.source, "offload_layers": layers,
-                    "te_cross_entropy": fused,
-                    "predicted_gib": total / 2**30, "capacity_gib": mem.capacity / 2**30,
-                    "fits": total <= mem.capacity})
+        mem = predict_heldout_row(row, c).memory
+        plain = predict_step(heldout_plan(row),
+                             sharding="fsdp" if row.fsdp else "distributed_optimizer",
+                             constants=c).memory
+        run = heldout_run(row)
+        out.append({"row": row.key, "source": row.source, "offload_layers": run.offload_layers,
+                    "te_cross_entropy": run.fused_loss,
+                    "predicted_gib": mem.total / 2**30, "capacity_gib": mem.capacity / 2**30,
+                    "fits": bool(mem.fits), "plain_gib": plain.total / 2**30,
+                    "plain_fits": bool(plain.fits)})
     return out
 
 
 def print_memory(verdicts: list[dict]) -> None:
     fit = sum(v["fits"] for v in verdicts)
+    plain = sum(v["plain_fits"] for v in verdicts)
     print(f"\nMemory (every held-out row ran, so each fits): predict says {fit} of "
-          f"{len(verdicts)} fit, counting the activations the recipes kept in host memory "
-          f"({sum(v['offload_layers'] > 0 for v in verdicts)} rows offload layers) and TE's "
-          f"fused loss ({sum(v['te_cross_entropy'] for v in verdicts)} rows)")
+          f"{len(verdicts)} fit as they ran, with --loss te on the "
+          f"{sum(v['te_cross_entropy'] for v in verdicts)} rows whose release fused the loss "
+          f"and --offload-layers on the {sum(v['offload_layers'] > 0 for v in verdicts)} "
+          f"whose recipe offloaded ({plain} of {len(verdicts)} without either)")
     for v in verdicts:
         if not v["fits"]:
             over = 100 * (v["predicted_gib"] / v["capacity_gib"] - 1)

@@ -171,3 +171,42 @@ def test_the_engines_other_shardings_are_shown_beside_its_default():
     assert chosen["step_time_s"] == pytest.approx(kept["step_time_s"])
     recipe = json.loads(invoke(*args, "--sharding", "recipe").stdout)
     assert recipe["dp_sharding_alternatives"] == []
+
+
+GB300_ROW = ("-w", "pretrain_llama3.1", "-s", "70b", "--dtype", "fp8", "--scale", "64",
+             "--gpu", "gb300", "--set", "tp=1 pp=1 cp=1 vp=1 mbs=2 gbs=256")
+
+
+def test_a_megatron_runs_loss_and_offload_are_predict_options():
+    # Megatron-Bridge 26.02's 70B FP8-CS row on 64 GB300 ran with TE's fused loss and 20
+    # layers offloaded (catalog.heldout): predict says so when told, and the run fits.
+    res = invoke(*GB300_ROW, "--sharding", "fsdp", "--loss", "te", "--offload-layers", "20",
+                 "--format", "json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["megatron_run"] == {"fused_loss": True, "offload_layers": 20}
+    assert data["fits"] is True
+    assert "first 20 layers in host memory" in data["sharding_assumption"]
+    plain = json.loads(invoke(*GB300_ROW, "--sharding", "fsdp", "--format", "json").stdout)
+    assert plain["fits"] is False
+    assert plain["megatron_run"] == {"fused_loss": False, "offload_layers": 0}
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--loss", "te"), "trainbench's engine does not have; add --sharding recipe"),
+    (("--sharding", "fsdp", "--loss", "liger"), "unknown --loss 'liger'; use unfused or te"),
+    (("--sharding", "fsdp", "--offload-layers", "80"), "fewer layers than the model has"),
+    (("--sharding", "fsdp", "--offload-layers", "4", "--set", "pp=2"), "PP1 only"),
+])
+def test_megatron_run_options_bad_input_is_one_line_and_exit_code_2(args, message):
+    res = invoke(*GB300_ROW, *args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_megatron_run_options_refuse_maxtexts_recipe():
+    res = invoke("-w", "pretrain_llama2", "-s", "70b", "--dtype", "bf16", "--scale", "64",
+                 "--sharding", "recipe", "--loss", "te")
+    assert res.exit_code == 2, res.output
+    assert "is not one" in res.output

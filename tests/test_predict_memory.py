@@ -176,3 +176,70 @@ def test_megatron_memory_says_it_charges_the_unfused_loss_and_no_offload(shardin
     assert "unfused" not in predict_memory(plan, sharding="engine").assumption
     # The figure it names is the one charged: 10 B per logit of MBS 2 x 8192 tokens.
     assert megatron.logits == pytest.approx(10 * 2 * 8192 * 128256)
+
+
+def _gb300_fsdp_row():
+    # Megatron-Bridge 26.02's Llama 3 70B FP8-CS row on 64 GB300 (docs/performance-summary.md
+    # @c0b9a00): FSDP, TP1 PP1 CP1, MBS 2, GBS 256; its recipe offloaded 20 layers
+    # (llama3_workload_base_configs.py, v0.3.0) and fused the loss in TE.
+    return build_plan("pretrain_llama3.1", "70b", "fp8", 64, "gb300",
+                      overrides={"tp": 1, "pp": 1, "cp": 1, "vp": 1, "mbs": 2, "gbs": 256})
+
+
+def test_te_fused_loss_keeps_two_bytes_per_logit_and_says_so():
+    from trainbench.predict.context import MegatronRun
+    p = _gb300_fsdp_row()
+    fused = predict_memory(p, sharding="fsdp", megatron=MegatronRun(fused_loss=True))
+    # TE's kernel saves the bf16 logits and writes their gradient in place: 2 B per logit of
+    # MBS 2 x 8192 tokens x 128256 words.
+    assert fused.logits == pytest.approx(2 * 2 * 8192 * 128256)
+    assert "Transformer Engine's fused cross entropy" in fused.assumption
+    assert "unfused" not in fused.assumption
+    # Nothing else moves.
+    plain = predict_memory(p, sharding="fsdp")
+    assert fused.activations == plain.activations and fused.weights == plain.weights
+
+
+def test_offloaded_layers_take_their_activations_off_the_gpu():
+    from trainbench.predict.context import MegatronRun
+    p = _gb300_fsdp_row()
+    act = {n: predict_memory(p, sharding="fsdp", megatron=MegatronRun(offload_layers=n))
+           .activations for n in (0, 20, 40)}
+    # 80 identical blocks: each offloaded layer removes the same bytes...
+    assert act[0] - act[20] == pytest.approx(act[20] - act[40])
+    # ...and 40 of them a little under half the activations (the head's stay on the GPU).
+    assert 0.45 * act[0] < act[0] - act[40] < 0.5 * act[0]
+    m = predict_memory(p, sharding="fsdp", megatron=MegatronRun(offload_layers=20))
+    assert "first 20 layers in host memory" in m.assumption
+
+
+def test_the_published_gb300_run_fits_only_as_it_ran():
+    # It ran, so it fits in GB300's memory. Megatron's unfused loss and no offload (what
+    # predict charges without the run's settings) put it well over.
+    from trainbench.predict.context import MegatronRun
+    from trainbench.predict.perf import predict_step
+    p = _gb300_fsdp_row()
+    plain = predict_step(p, sharding="fsdp").memory
+    as_ran = predict_step(p, sharding="fsdp",
+                          megatron=MegatronRun(fused_loss=True, offload_layers=20)).memory
+    assert plain.fits is False and as_ran.fits is True
+
+
+@pytest.mark.parametrize("kwargs,sharding,message", [
+    (dict(fused_loss=True), "engine", "trainbench's engine does not have"),
+    (dict(offload_layers=80), "fsdp", r"fewer layers than the model has \(80\)"),
+    (dict(offload_layers=-1), "fsdp", "must be 0 or more"),
+])
+def test_megatron_run_settings_that_cannot_describe_the_plan_are_refused(kwargs, sharding,
+                                                                         message):
+    from trainbench.predict.context import MegatronRun
+    with pytest.raises(ValueError, match=message):
+        predict_memory(_gb300_fsdp_row(), sharding=sharding, megatron=MegatronRun(**kwargs))
+
+
+def test_offload_is_refused_under_pipeline_parallelism():
+    from trainbench.predict.context import MegatronRun
+    pp = plan("pretrain_llama3.1", "70b", "bf16", 64)  # the seed layout: PP4
+    assert pp.layout.pp > 1
+    with pytest.raises(ValueError, match="PP1 only"):
+        predict_memory(pp, sharding="recipe", megatron=MegatronRun(offload_layers=4))

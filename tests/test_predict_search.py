@@ -64,3 +64,16 @@ def test_engine_search_weighs_the_data_parallel_sharding():
     # The recipe's framework has one sharding of its own: nothing to choose.
     recipe = search("pretrain_llama3.1", "8b", "bf16", 8, "h100")
     assert {c.plan.dp_sharding for c in recipe.ranked} == {"full"}
+
+
+def test_a_search_with_offloaded_layers_ranks_pipeline_free_layouts_only():
+    # Offloading is modelled at PP1 (every published recipe that offloads runs PP1), so a
+    # search told the run offloads keeps to PP1 instead of failing on the first PP layout.
+    from trainbench.predict.context import MegatronRun
+    run = MegatronRun(fused_loss=True, offload_layers=20)
+    result = search("pretrain_llama3.1", "70b", "fp8", 64, "gb300", sharding="fsdp",
+                    megatron=run)
+    assert result.ranked
+    assert {c.plan.layout.pp for c in result.ranked} == {1}
+    assert all("first 20 layers in host memory" in c.prediction.memory.assumption
+               for c in result.ranked)

@@ -164,3 +164,15 @@ def test_mamba_scan_moves_fp32_chunk_states_through_hbm():
     tok = NH.seq_len
     expected = (2 * h + 2 * d + 2 * gn + H + d) * tok / 8 * 2 + 2 * H / 8 * tok * 4
     assert mamba.act_bytes == pytest.approx(expected)
+
+
+def test_te_fused_loss_moves_half_the_bytes_of_the_unfused_one():
+    # Unfused: the GEMM writes bf16 logits, an fp32 softmax reads them, writes its fp32
+    # gradient and casts it back (16 B per logit); TE's fused kernel reads the bf16 logits
+    # once forward and once backward, writing the gradient in place (8 B with the write).
+    sh = Shape(mbs=1, seq_len=8192, tp=2, cp=1, act_bytes=2, fp8=False)
+    plain, fused = (layer_work(L8B, "head", s) for s in (sh, replace(sh, fused_loss=True)))
+    assert plain.hbm_bytes - fused.hbm_bytes == pytest.approx(8 * 8192 * 128256 / 2)
+    assert plain.linears == fused.linears  # the output GEMM is the same
+    assert logits_bytes(L8B, replace(sh, fused_loss=True)) == pytest.approx(
+        2 * 8192 * 128256 / 2)

@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 
 FORMATS = ("table", "json")
+LOSSES = ("unfused", "te")
 
 
 def register(app) -> None:
@@ -53,16 +54,30 @@ def register(app) -> None:
                  "MaxText's Llama 2), distributed_optimizer or fsdp. Megatron's "
                  "(distributed_optimizer, and recipe for the NeMo recipes) also sends an MoE "
                  "token once per remote node, as its DeepEP / HybridEP dispatch does."),
+        loss: str = typer.Option(
+            "unfused", "--loss",
+            help="A Megatron-LM run's loss (with --sharding recipe, distributed_optimizer "
+                 "or fsdp): unfused (default; Megatron's vocabulary-parallel cross entropy, "
+                 "as the seeds ran) or te (Transformer Engine's fused cross entropy, as "
+                 "NVIDIA's recipes from Megatron-Bridge 25.09 and NeMo 25.07 run)."),
+        offload_layers: int = typer.Option(
+            0, "--offload-layers", metavar="N",
+            help="Layers whose activations a Megatron-LM run keeps in host memory "
+                 "(its cpu_offloading_num_layers; PP1 only; NVIDIA's FSDP recipes on "
+                 "GB200 / GB300 set it). Memory only: the transfers are not charged."),
     ):
         """Predict step time, tokens/s, MFU and memory per GPU before launching."""
         from ..cli import fail
         from ..config import load_config
-        from .context import SHARDINGS
+        from .context import SHARDINGS, MegatronRun
 
         if fmt not in FORMATS:
             fail(f"unknown --format {fmt!r}; use table or json")
         if sharding not in SHARDINGS:
             fail(f"unknown --sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
+        if loss not in LOSSES:
+            fail(f"unknown --loss {loss!r}; use {' or '.join(LOSSES)}")
+        megatron = MegatronRun(fused_loss=loss == "te", offload_layers=offload_layers)
         try:
             config = load_config()
         except ValueError as err:
@@ -70,6 +85,9 @@ def register(app) -> None:
         if hardware is not None and calibrate_dir is not None:
             fail("--hardware and --calibrate are separate runs: --calibrate fits to measured "
                  "step times, --hardware predicts from measured GEMMs and links; drop one")
+        if calibrate_dir is not None and not megatron.default:
+            fail("--loss and --offload-layers describe one run to predict; --calibrate fits "
+                 "to the runs under DIR as they ran: drop them")
         if calibrate_dir is not None:
             if do_search:
                 fail("--calibrate and --search are separate runs; drop one of them")
@@ -105,10 +123,10 @@ def register(app) -> None:
                 fail(str(err))
         if do_search:
             _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
-                    headroom, fmt, facts)
+                    headroom, fmt, facts, megatron)
         else:
             _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
-                     facts)
+                     facts, megatron)
 
 
 def _calibrated(config: dict, gpu: str) -> bool:
@@ -117,7 +135,7 @@ def _calibrated(config: dict, gpu: str) -> bool:
 
 
 def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
-             facts=None) -> None:
+             facts, megatron) -> None:
     import json
 
     from ..cli import fail
@@ -129,12 +147,16 @@ def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt
     except PlanError as err:
         fail("; ".join(err.problems))
     try:
-        pred, figures = predict_with_profile(plan, facts, sharding=sharding, config=config)
+        pred, figures = predict_with_profile(plan, facts, sharding=sharding, config=config,
+                                             megatron=megatron)
     except (LookupError, ValueError) as err:
         fail(str(err))
     data = prediction_dict(plan, pred, overrides=overrides,
                            calibrated=_calibrated(config, plan.gpu_type), figures=figures,
                            profile=None if facts is None else facts.path)
+    if sharding != "engine":
+        data["megatron_run"] = {"fused_loss": megatron.fused_loss,
+                                "offload_layers": megatron.offload_layers}
     if "dp_sharding" not in overrides:
         data["dp_sharding_alternatives"] = _sharding_alternatives(plan, facts, sharding, config)
     if fmt == "json":
@@ -230,7 +252,7 @@ def _print_prediction(plan, data: dict, pred) -> None:
 
 
 def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top, headroom,
-            fmt, facts=None) -> None:
+            fmt, facts, megatron) -> None:
     import json
 
     from rich.table import Table
@@ -247,7 +269,7 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
             device, constants = device_and_constants(gpu.lower(), None, facts, config)
         result = search(workload, size, dtype.lower(), scale, gpu.lower(), overrides=overrides,
                         config=config, sharding=sharding, headroom=headroom, device=device,
-                        constants=constants)
+                        constants=constants, megatron=megatron)
     except (LookupError, ValueError) as err:
         fail(str(err))
     data = search_dict(result, top)

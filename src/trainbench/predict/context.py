@@ -33,6 +33,62 @@ SHARDINGS = (ENGINE, "recipe", DISTRIBUTED_OPTIMIZER, FSDP)
 FSDP_RECIPES = (recipes.SEED_LLAMA2, recipes.TINY)
 
 
+@dataclass(frozen=True)
+class MegatronRun:
+    """What a Megatron-LM run did that a plan does not say, and trainbench's engine does not
+    do: `predict --loss te --offload-layers N` for the runs behind NVIDIA's later tables
+    (catalog.heldout, "Recipe facts beyond the tables"). The default is how the seeds ran
+    (NeMo 24.09-25.04): Megatron's unfused loss, nothing offloaded."""
+    fused_loss: bool = False
+    """Transformer Engine's fused cross entropy (work.Shape.fused_loss)."""
+    offload_layers: int = 0
+    """Transformer layers whose activations the run kept in host memory (Megatron's
+    `cpu_offloading_num_layers`): the first ones of the model. Their transfers overlap
+    compute in the recipes and are not charged."""
+
+    @property
+    def default(self) -> bool:
+        return self == MegatronRun()
+
+    def describe(self) -> str:
+        parts = []
+        if self.fused_loss:
+            parts.append("the loss as Transformer Engine's fused cross entropy (2 B per logit)")
+        if self.offload_layers:
+            n = self.offload_layers
+            parts.append(f"the activations of the first {n} layer{'s' if n > 1 else ''} in "
+                         "host memory (Megatron's cpu_offloading_num_layers; the transfers "
+                         "not charged)")
+        return "; ".join(parts)
+
+
+def check_megatron_run(plan: Plan, sharding: str, run: MegatronRun) -> None:
+    """ValueError, in one line, where `run` cannot describe the plan's run."""
+    if run.default:
+        return
+    flags = " and ".join(f for f, on in (("--loss te", run.fused_loss),
+                                        (f"--offload-layers {run.offload_layers}",
+                                         run.offload_layers)) if on)
+    if sharding == ENGINE:
+        raise ValueError(f"{flags}: a setting of a Megatron-LM run, which trainbench's engine does "
+                         "not have; add "
+                         "--sharding recipe (or distributed_optimizer / fsdp)")
+    if sharding == "recipe" and plan.recipe_source in FSDP_RECIPES:
+        raise ValueError(f"{flags}: a setting of a Megatron-LM run, and the recipe of "
+                         f"{plan.workload} {plan.size} is not one ({plan.recipe_source}); "
+                         "add --sharding distributed_optimizer or fsdp to predict a "
+                         "Megatron run of this plan")
+    layers = plan.model.layers
+    if run.offload_layers < 0:
+        raise ValueError(f"--offload-layers {run.offload_layers}: must be 0 or more")
+    if run.offload_layers >= layers:
+        raise ValueError(f"--offload-layers {run.offload_layers}: Megatron offloads fewer "
+                         f"layers than the model has ({layers})")
+    if run.offload_layers and plan.layout.pp > 1:
+        raise ValueError(f"--offload-layers is modelled at PP1 only (every published recipe "
+                         f"that offloads runs PP1); this plan has PP{plan.layout.pp}")
+
+
 def resolve_sharding(plan: Plan, sharding: str = "recipe") -> str:
     """'recipe' picks what the plan's recipe ran under: FSDP for MaxText (Llama 2) and
     trainbench's tiny proxies, Megatron's distributed optimizer for the NeMo recipes;
@@ -63,6 +119,7 @@ class Context:
     groups: Groups
     requested_sharding: str = "recipe"
     """The sharding asked for ('engine', 'recipe', ...), before resolve_sharding."""
+    megatron: MegatronRun = MegatronRun()
 
     @property
     def ep_dispatch(self) -> str:
@@ -96,9 +153,12 @@ class Context:
 
 def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = None,
                  constants: Constants | None = None, device: Device | None = None,
-                 need_device: bool = True) -> Context:
+                 need_device: bool = True, megatron: MegatronRun = MegatronRun()
+                 ) -> Context:
     """LookupError when the plan's GPU type has no device description (CPU, unknown) and
-    `need_device` is set; otherwise such a context has device None."""
+    `need_device` is set; otherwise such a context has device None. ValueError where
+    `megatron` does not describe the plan's run (check_megatron_run)."""
+    check_megatron_run(plan, sharding, megatron)
     dev = device
     if dev is None:
         try:
@@ -110,7 +170,7 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     lay = plan.layout
     shape = Shape(mbs=plan.mbs, seq_len=plan.seq_len, tp=lay.tp, cp=lay.cp,
                   act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype in FP8_DTYPES,
-                  ep=lay.ep, engine=sharding == ENGINE)
+                  ep=lay.ep, engine=sharding == ENGINE, fused_loss=megatron.fused_loss)
     kinds = {"embedding", "head"} | {k for k, n in plan.model.layer_counts().items()
                                      if n and k != "block"}
     work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}
@@ -120,4 +180,4 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
                    sharding=resolve_sharding(plan, sharding), shape=shape, work=work,
                    chunks=chunks, ranks=rank_chunks(chunks, lay.pp),
                    groups=groups_for(lay.tp, lay.cp, lay.dp, lay.pp, dp_shard, lay.ep),
-                   requested_sharding=sharding)
+                   requested_sharding=sharding, megatron=megatron)

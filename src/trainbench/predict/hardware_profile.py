@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .constants import Constants
+from .context import MegatronRun
 from .device import Device, _relabel
 
 SCHEMA = 1
@@ -276,12 +277,12 @@ def device_and_constants(gpu_type: str, gpus_per_node: int | None, facts: Hardwa
 
 
 def predict_with_profile(plan, facts: HardwareFacts | None, *, sharding: str = "engine",
-                         config: dict | None = None):
+                         config: dict | None = None, megatron: MegatronRun = MegatronRun()):
     """(prediction, {figure: where it came from}) for a plan, with the profile's figures
     when `facts` is given, the catalog's (measured where catalog.measured has them)
     otherwise."""
     from .perf import predict_step
     device, constants = device_and_constants(plan.gpu_type, plan.gpus_per_node, facts, config)
     pred = predict_step(plan, sharding=sharding, config=config, constants=constants,
-                        device=device)
+                        device=device, megatron=megatron)
     return pred, dict(device.figures)

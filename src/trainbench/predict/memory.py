@@ -19,7 +19,7 @@ from ..layout import rank_stages
 from ..plan import FP8_DTYPES, Plan
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import GIB
-from .work import logits_bytes
+from .work import block_kinds, logits_bytes
 
 
 # Transformer Engine keeps an FP8 copy of each FP8 layer's weight across the microbatches
@@ -99,16 +99,20 @@ class MemoryPrediction:
 MEGATRON_LOSS_AND_OFFLOAD = (
     "; the loss as Megatron's unfused cross entropy (10 B per logit) and no activation "
     "offload, where NVIDIA's current recipes fuse the loss in Transformer Engine (2 B per "
-    "logit) and offload layers to host memory on GB200 / GB300 (bench/predict_accuracy.py "
-    "checks the published runs)")
+    "logit) and offload layers to host memory on GB200 / GB300 (--loss te and "
+    "--offload-layers N charge what a run did; bench/predict_accuracy.py checks the "
+    "published runs)")
 
 
 def describe_sharding(ctx: Context) -> str:
     """The sharding a memory figure assumes, in one phrase a reader can check against the
     run they mean: trainbench's engine (FSDP2) or the published recipe's framework, whose
     figures also say what they leave out (MEGATRON_LOSS_AND_OFFLOAD)."""
-    engine = ctx.requested_sharding == ENGINE
-    return _sharding_phrase(ctx) + ("" if engine else MEGATRON_LOSS_AND_OFFLOAD)
+    if ctx.requested_sharding == ENGINE:
+        return _sharding_phrase(ctx)
+    if ctx.megatron.default:
+        return _sharding_phrase(ctx) + MEGATRON_LOSS_AND_OFFLOAD
+    return _sharding_phrase(ctx) + "; " + ctx.megatron.describe()
 
 
 def _sharding_phrase(ctx: Context) -> str:
@@ -298,6 +302,10 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
     average_chunk = sum(per_chunk) / len(per_chunk)
     # Chunks run round-robin; the first forward holds chunk 0 (with the embedding).
     activations = max(per_chunk) + (in_flight - 1) * average_chunk
+    # Offloading keeps the first layers' activations in host memory (PP1: one microbatch in
+    # flight, check_megatron_run), so the GPU holds the rest.
+    activations -= sum(kept[k] for unit in block_kinds(plan.model)[:ctx.megatron.offload_layers]
+                       for k in unit)
     if recompute == "full":
         layer_kinds = [k for k in kinds if k not in ("embedding", "head")]
         # The block being recomputed for its backward, and under FSDP (torchao) both FP8

@@ -18,7 +18,7 @@ from ..plan import FP8_DTYPES, Plan
 from .comm import (all_gather_s, all_reduce_s, crosses_domains, moe_dispatch_s, p2p_s,
                    reduce_scatter_s, ring_latency_s)
 from .constants import Constants
-from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
+from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, MegatronRun, make_context
 from .device import Device
 from .memory import MemoryPrediction, memory_from_context
 from .work import LayerWork, Linear
@@ -327,8 +327,8 @@ def predict_from_context(ctx: Context, memory: MemoryPrediction | None = None
 
 
 def predict_step(plan: Plan, *, sharding: str = "recipe", config: dict | None = None,
-                 constants: Constants | None = None, device: Device | None = None
-                 ) -> StepPrediction:
+                 constants: Constants | None = None, device: Device | None = None,
+                 megatron: MegatronRun = MegatronRun()) -> StepPrediction:
     """Predicted step time, throughput, MFU and memory of a plan on its GPU type.
 
     `config`: the cluster config (calibration and bandwidth overrides); `constants` and
@@ -336,5 +336,5 @@ def predict_step(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     LookupError when the plan's device has no description (a CPU, an unknown GPU).
     """
     ctx = make_context(plan, sharding=sharding, config=config, constants=constants,
-                       device=device)
+                       device=device, megatron=megatron)
     return predict_from_context(ctx)

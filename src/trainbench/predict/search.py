@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..catalog import hardware
 from ..catalog.models import get_model
 from ..plan import CHOICE_KEYS, Plan, PlanError, build_plan, layers_split_ok, pipeline_layers
-from .context import ENGINE, make_context
+from .context import ENGINE, MegatronRun, make_context
 from .device import GIB
 from .memory import memory_from_context
 from .perf import StepPrediction, predict_from_context
@@ -159,7 +159,8 @@ DEFAULT_HEADROOM = 0.05
 def search(workload: str, size: str, dtype: str, scale: int, gpu_type: str = "h100", *,
            overrides: dict | None = None, config: dict | None = None,
            sharding: str = "recipe", headroom: float = DEFAULT_HEADROOM,
-           device=None, constants=None) -> SearchResult:
+           device=None, constants=None, megatron: MegatronRun = MegatronRun()
+           ) -> SearchResult:
     """Valid layouts that fit with `headroom` (a fraction of usable memory) to spare,
     ranked by predicted step time.
 
@@ -167,6 +168,9 @@ def search(workload: str, size: str, dtype: str, scale: int, gpu_type: str = "h1
     `device` and `constants` replace the catalog's (predict --hardware passes a probe's).
     """
     fixed = dict(overrides or {})
+    if megatron.offload_layers:
+        # Offloading is modelled at PP1 only (context.check_megatron_run): search that.
+        fixed.setdefault("pp", 1)
     base = {k: v for k, v in fixed.items() if k not in SEARCH_KEYS + ("dp", "dp_shard")}
     result = SearchResult(ranked=[], headroom=headroom)
     try:
@@ -191,7 +195,7 @@ def search(workload: str, size: str, dtype: str, scale: int, gpu_type: str = "h1
             result.invalid += 1
             continue
         ctx = make_context(plan, sharding=sharding, config=config, device=device,
-                           constants=constants)
+                           constants=constants, megatron=megatron)
         mem = memory_from_context(ctx)
         if mem.fits is False:
             result.not_fitting += 1

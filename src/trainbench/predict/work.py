@@ -103,6 +103,12 @@ class Shape:
     (Megatron splits it over TP on the gathered sequence); the all-gather CP keeps the whole sequence's
     keys and values; torchao's float8 linear keeps its bf16 input; and the loss is cut
     into chunks (logits_bytes)."""
+    fused_loss: bool = False
+    """A Megatron-LM run's loss is Transformer Engine's fused cross entropy (its
+    `cross_entropy_fusion_impl = "te"`, in NVIDIA's recipes from Megatron-Bridge 25.09 and
+    NeMo 25.07 on; catalog.heldout, "the loss") rather than Megatron's unfused
+    vocabulary-parallel one: fewer bytes kept (logits_bytes) and moved (the head's
+    traffic). Not the engine's."""
 
     @property
     def tokens(self) -> int:
@@ -290,7 +296,10 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         logits = tok * m.vocab_size / t
         # Cross-entropy over vocabulary-parallel logits: write bf16 logits, read them into
         # an fp32 softmax, write the fp32 gradient, cast it back (about 16 B per logit).
-        hbm = 16.0 * logits + 5.0 * h * tok / t * b
+        # TE's fused loss: the GEMM writes the bf16 logits, one forward pass reads them, the
+        # backward reads them and writes the gradient in place (8 B per logit).
+        per_logit = TE_FUSED_LOSS_TRAFFIC_PER_LOGIT if sh.fused_loss else 16.0
+        hbm = per_logit * logits + 5.0 * h * tok / t * b
         params = m.vocab_size * h / t + (2 * h if m.norm == "layernorm1p" else h)
         # The final norm's input and output (the head stays in BF16).
         return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=h * (tok / t + gathered) * b,
@@ -307,6 +316,13 @@ CHUNK_ELEMENTS; a test keeps the two equal, this module stays free of torch)."""
 # Megatron-LM's vocabulary-parallel cross entropy at its peak, per logit: bf16 logits (2 B),
 # the fp32 softmax kept for the backward (4 B) and the fp32 gradient it becomes (4 B).
 UNFUSED_LOSS_BYTES_PER_LOGIT = 10.0
+# Transformer Engine's fused cross entropy (transformer_engine/pytorch/triton/
+# cross_entropy.py @02965d2): the forward's online-softmax pass keeps per-row max and sum
+# (fp32, 3 per token) and saves the bf16 logits themselves, and the backward writes the
+# gradient into them in place: 2 B per logit at the loss, and 8 B of traffic per logit
+# (the GEMM's write, the forward's read, the backward's read and write).
+TE_FUSED_LOSS_BYTES_PER_LOGIT = 2.0
+TE_FUSED_LOSS_TRAFFIC_PER_LOGIT = 8.0
 
 
 def logits_bytes(m: ModelSpec, sh: Shape) -> float:
@@ -321,6 +337,8 @@ def logits_bytes(m: ModelSpec, sh: Shape) -> float:
     logits = sh.tokens * m.vocab_size / sh.tp
     if sh.engine and logits > LOSS_CHUNK_ELEMENTS:
         return 2.0 * sh.act_bytes * logits + 12.0 * LOSS_CHUNK_ELEMENTS
+    if sh.fused_loss:
+        return TE_FUSED_LOSS_BYTES_PER_LOGIT * logits
     return UNFUSED_LOSS_BYTES_PER_LOGIT * logits
 
 
