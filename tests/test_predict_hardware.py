@@ -22,6 +22,7 @@ from trainbench.plan import build_plan
 from trainbench.predict import hardware_profile as hp
 from trainbench.predict.constants import default_constants, transfer_constants
 from trainbench.predict.perf import predict_step
+from trainbench.predict.device import device_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "tests" / "data" / "hardware" / "h100-made-up.json"
@@ -219,7 +220,13 @@ def test_non_seed_gpu_uses_measured_figures_with_their_source():
         "gemm_eff_bf16"]
     b200_plan = build_plan("pretrain_llama3.1", "8b", "fp8", 8, "b200")
     b200_pred, b200 = hp.predict_with_profile(b200_plan, None, config={})
-    assert b200["intra_node_busbw_gbs"].startswith("assumed:")
+    # NVLink 5 inside a B200 node: ml-engineering's all_reduce_bench.py at 64 MiB, 400.60
+    # GB/s on 8 x B200 against 346.51 on 8 x H200, carried as a ratio to H100's 370.
+    assert b200["intra_node_busbw_gbs"].startswith("measured:")
+    assert device_for("b200").intra_node_busbw_gbs == pytest.approx(370 * 400.60 / 346.51,
+                                                                     abs=0.5)
+    # No small-message time of a Blackwell system measured as DGX H100's was.
+    assert b200["collective_latency_us"].startswith("assumed:")
     # The MAMF table's B200 and H100 rows (1745.0 of 2250, 794.5 of 989 BF16 TFLOPS; 3432.5
     # of 4500, 1402.6 of 1979 FP8) scale the H100-fitted efficiency, per dtype.
     h100 = default_constants("h100")
@@ -227,6 +234,13 @@ def test_non_seed_gpu_uses_measured_figures_with_their_source():
         h100.gemm_eff_bf16 * (1745.0 / 2250) / (794.5 / 989))
     assert b200_pred.constants["gemm_eff_fp8"] == pytest.approx(
         h100.gemm_eff_fp8 * (3432.5 / 4500) / (1402.6 / 1979))
+    # GB200's FP8 GEMM sustained after 10,000 warm-up iterations (Azure's benchmark guide:
+    # 2906.9 TFLOPS) is divided by the same benchmark's H100 (1382.2), not MAMF's burst H100.
+    gb200_pred, gb200 = hp.predict_with_profile(
+        build_plan("pretrain_llama3.1", "8b", "fp8", 8, "gb200"), None, config={})
+    assert gb200_pred.constants["gemm_eff_fp8"] == pytest.approx(
+        h100.gemm_eff_fp8 * (2906.9 / 4900) / (1382.2 / 1979))
+    assert "in the same benchmark" in gb200["gemm_eff_fp8"]
     # No public GEMM figure for GB300: None with a reason, and predict says it assumes.
     gb300 = measured.measured_for("gb300")
     assert gb300.gemm_tflops["bf16"].value is None and gb300.gemm_tflops["bf16"].reason

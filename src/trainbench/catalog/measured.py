@@ -56,6 +56,35 @@ CUDNN_SDPA
     repository's RMSNorm results (benchmark/norms/results, cuDNN 9.19) reach 0.78 of the
     HBM bandwidth on H200, GB200 and GB300 alike, so memory-bound kernels keep the fitted
     fraction of the bandwidth (no figure stored for them).
+AZURE
+    Azure/AI-benchmarking-guide, Azure_Results/ND_H100_v5_results.md @ae0b6a7 (NCCL 2.18.5,
+    CUDA 12.6) and ND_GB200_v6_results.md @fa79995 (NCCL 2.25.1, CUDA 12.8): one benchmark
+    suite run on both. "GEMM CuBLASLt": FP8, random initialisation and 10,000 warm-up
+    iterations, so a rate the GPU sustains at its power limit rather than a burst; the best
+    of its listed shapes: H100 1382.2 TFLOPS (32768^3; 1377.3 at 16384^3), GB200 2906.9
+    (16384^3; 2876.6 at 8192^3). The same H100 reaches 1402.6 in MAMF's burst search (2%
+    apart) where GB200 reaches 3615.6 (24% above its sustained rate): Blackwell's clocks
+    fall under sustained load (a B200 at its 1000 W limit runs 1965 -> ~1580 MHz,
+    flashinfer-ai/flashinfer PR #2899), Hopper's hardly do. "NCCL Bandwidth": nccl-tests
+    all-reduce bus bandwidth, in place, at 67M (64 MiB): 8 x H100 (NVLS) 361.78 GB/s,
+    4 x GB200 in one NVL72 tray (ring) 550.73.
+ML_ENG_NET
+    stas00/ml-engineering network/README.md @744d01e: the repository's all_reduce_bench.py
+    (torch.distributed all-reduce, bus bandwidth as nccl-tests defines it) on one node each,
+    64 MiB: 8 x H200 346.51 GB/s, 8 x B200 (p6-b200, NCCL 2.27.7) 400.60; at 1 GiB 463.58 and
+    723.34. nccl-tests at 8 GiB in the same file: 8 x B200 838.0 (NVLS).
+RCCL_MI300X
+    ROCm/rocm-blogs blogs/software-tools-optimization/mi300x-rccl-xgmi/README.md @0e81c2c
+    ("Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X", 2025-03-02):
+    rccl-tests all_reduce_perf on 8 x MI300X (RCCL 2.22.3, ROCm 6.3.0), out of place,
+    without graphs: busbw 273.66 GB/s at 64 MiB, 314.72 at 1 GiB; 13.1-22.9 us from 8 B to
+    2 KiB (median 16.6).
+NVL5_SAME
+    GB300 NVL72 has GB200 NVL72's NVLink 5 and NVLink Switch, and HGX B300 has HGX B200's:
+    oracle-quickstart/oci-gpu-quickstarts @6a0abdc, nvidia/GB300/README-GB300.md (4 GPUs,
+    8 GiB all-reduce 681.03 GB/s) and nvidia/GB200/README-GB200.md (663.34), against Azure's
+    GB200 679.61; nvidia/B300/README-B300.md (8 GPUs, 8 GiB 834.84) against ML_ENG_NET's
+    B200 838.0. Their links take the measured figures of the same links.
 REF_HW
     ../shared/reference/hardware.md (the project's reference facts), "Collectives on a
     DGX H100 (nccl-tests bus bandwidth)": all-reduce inside a node about 370 GB/s (ring),
@@ -63,15 +92,22 @@ REF_HW
     NIC; about 10-20 us latency per collective; 1 MB messages reach about 67 GB/s.
 
 Searched without a citable number for the remaining entries: NVIDIA NeMo /
-Megatron-Bridge performance pages, NVIDIA/dgxc-benchmarking and its history, AMD's ROCm
-blog "Measuring Max-Achievable FLOPs - Part 2", arXiv 2512.02189 "Microbenchmarking
-NVIDIA's Blackwell Architecture" (result tables not readable here), no nccl-tests
-results for B200, B300, GB200, GB300 or MI300X systems.
+Megatron-Bridge performance pages, NVIDIA/dgxc-benchmarking and its history (its nccl
+samples are all H100), AMD's ROCm blog "Measuring Max-Achievable FLOPs - Part 2", arXiv
+2512.02189 "Microbenchmarking NVIDIA's Blackwell Architecture" (result tables not
+readable here); no sustained GEMM rate of B200, B300 or GB300 measured beside an H100's;
+no small-message latency of a Blackwell system measured as DGX H100's was.
 
 The model uses a measured GEMM figure as a ratio to H100's (predict/constants.py,
 transfer_constants): the H100 efficiencies are fitted to the seeds' step times, and
 another GPU's are those times its measured-over-peak GEMM efficiency divided by the
-H100's, per dtype.
+H100's, per dtype. A ratio compares like with like: where a figure comes from a source
+that measured H100 too (Figure.h100), the ratio is to that H100 figure. Where a sustained
+figure exists (AZURE) it is preferred to the burst one (MAMF), as the seeds' step times
+the H100 efficiencies were fitted to are sustained. Link bandwidths are carried the same
+way: H100's 370 GB/s times the ratio of the GPU's all-reduce bus bandwidth at 64 MiB (the
+size of a training step's buckets and tensor-parallel messages) to Hopper's in the same
+benchmark.
 """
 
 from __future__ import annotations
@@ -79,6 +115,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REF_HW = "../shared/reference/hardware.md, 'Collectives on a DGX H100 (nccl-tests bus bandwidth)'"
+AZURE = ("Azure/AI-benchmarking-guide Azure_Results ND_H100_v5_results.md @ae0b6a7 and "
+         "ND_GB200_v6_results.md @fa79995")
+ML_ENG_NET = "stas00/ml-engineering network/README.md @744d01e, all_reduce_bench.py"
+RCCL_MI300X = ("ROCm/rocm-blogs blogs/software-tools-optimization/mi300x-rccl-xgmi/README.md "
+               "@0e81c2c, rccl-tests all_reduce_perf on 8 x MI300X")
+NVL5_SAME = ("oracle-quickstart/oci-gpu-quickstarts @6a0abdc nvidia/{GB300,GB200,B300}/"
+             "README-*.md: the same NVLink 5 links measure the same")
 CUDNN_SDPA = ("NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training, causal BF16 SDPA at "
               "Llama 3.1's shape, sequence 8192, fwd + bwd")
 MAMF = ("stas00/ml-engineering compute/accelerator/README.md @744d01e, 'Maximum Achievable "
@@ -108,6 +151,9 @@ class Figure:
     unit: str
     source: str | None = None
     reason: str = ""
+    h100: float | None = None
+    """The same source's figure for an H100 measured the same way: a ratio to H100 uses it
+    rather than H100's own entry, which may come from another benchmark."""
 
     @property
     def known(self) -> bool:
@@ -154,19 +200,41 @@ def _gemm_unknown(*dtypes: str) -> dict[str, Figure]:
     return {d: Figure(None, "TFLOPS", reason=_NO_GEMM) for d in dtypes}
 
 
-def _mamf(bf16: float | None, fp8: float | None, note: str = "") -> dict[str, Figure]:
+def _mamf(bf16: float | None, fp8: float | None, bf16_note: str = "") -> dict[str, Figure]:
     out = {}
     for dtype, value in (("bf16", bf16), ("fp8", fp8)):
+        note = bf16_note if dtype == "bf16" else ""
         out[dtype] = (Figure(value, "TFLOPS", MAMF, note) if value is not None else
                       Figure(None, "TFLOPS", reason="the MAMF table's row for it is empty; "
                              + _NO_GEMM))
     return out
 
 
-def _links_unknown(network: Figure | None = None) -> dict:
-    return dict(intra_node_busbw_gbs=Figure(None, "GB/s", reason=_NO_LINK),
-                network_gbs=network or Figure(None, "GB/s", reason=_NO_LINK),
-                collective_latency_us=Figure(None, "us", reason=_NO_LINK))
+H100_BUSBW_GBS = 370.0
+"""H100's all-reduce bus bandwidth inside a node, as the model charges it (_H100_LINKS)."""
+
+
+def _busbw_vs_hopper(gbs: float, hopper_gbs: float, source: str, where: str) -> Figure:
+    """A link's bus bandwidth as H100's charged figure times the ratio of the GPU's
+    all-reduce bus bandwidth to Hopper's in the same benchmark at 64 MiB."""
+    ratio = gbs / hopper_gbs
+    return Figure(round(H100_BUSBW_GBS * ratio), "GB/s", source,
+                  f"{where}: {gbs:g} GB/s at 64 MiB against Hopper's {hopper_gbs:g} in the "
+                  f"same benchmark, {ratio:.3f} x H100's {H100_BUSBW_GBS:g}")
+
+
+def _same_links(fig: Figure, what: str) -> Figure:
+    return Figure(fig.value, fig.unit, f"{fig.source}; {NVL5_SAME}",
+                  f"{fig.reason}; {what}")
+
+
+_B200_NVLINK = _busbw_vs_hopper(400.60, 346.51, ML_ENG_NET, "8 x B200 against 8 x H200")
+_GB200_NVLINK = _busbw_vs_hopper(550.73, 361.78, AZURE, "4 x GB200 (one NVL72 tray, ring) "
+                                 "against 8 x H100 (NVLS)")
+_LATENCY_UNKNOWN = Figure(None, "us", reason=(
+    "no small-message all-reduce time of this system measured as DGX H100's was (nccl-tests "
+    "without graphs); NVIDIA's 'just over 3 us' for 8 x B200 (NVIDIA/nccl-tests issue 333) "
+    "is a tuned symmetric-memory run"))
 
 
 # DGX B200 and GB200 NVL72 reach other nodes through the NIC DGX H100 has, one 400 Gb/s
@@ -189,27 +257,55 @@ _H100_LINKS = dict(
 MEASURED: dict[str, MeasuredGPU] = {
     "h100": MeasuredGPU("h100", _mamf(794.5, 1402.6), **_H100_LINKS,
                         attention_tflops=_HOPPER_SDPA),
-    "h200": MeasuredGPU("h200", _mamf(794.5, 1453.4, "BF16: the table's H100 row, noted "
-                                      "'H200 is the same'"),
+    "h200": MeasuredGPU("h200", _mamf(794.5, 1453.4, "the table's H100 row, noted 'H200 is "
+                                      "the same'"),
                         **{k: Figure(f.value, f.unit, f.source, _SAME_AS_H100)
                            for k, f in _H100_LINKS.items()},
                         attention_tflops=_HOPPER_SDPA),
-    "b200": MeasuredGPU("b200", _mamf(1745.0, 3432.5), **_links_unknown(_CX7_PER_GPU),
+    "b200": MeasuredGPU("b200", _mamf(1745.0, 3432.5), intra_node_busbw_gbs=_B200_NVLINK,
+                        network_gbs=_CX7_PER_GPU, collective_latency_us=_LATENCY_UNKNOWN,
                         attention_tflops=Figure(None, "TFLOPS", reason=(
                             "its only published run of cudnn-frontend's training attention "
                             "benchmark is of cuDNN 9.13.1 (@0b1577c), older than the Hopper "
                             "figure's 9.19, and GB300's run of that software is 19% below its "
                             "cuDNN 9.19 one; `trainbench probe` times the engine's attention"))),
-    "b300": MeasuredGPU("b300", _mamf(1769.0, 3353.3), **_links_unknown()),
+    "b300": MeasuredGPU("b300", _mamf(1769.0, 3353.3),
+                        intra_node_busbw_gbs=_same_links(_B200_NVLINK, "HGX B300 has HGX "
+                                                         "B200's NVLink 5 (8 GiB: 834.84 "
+                                                         "against 838.0 GB/s)"),
+                        network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
+                        collective_latency_us=_LATENCY_UNKNOWN),
     # The table's GB200 'Theory' is 2500 / 5000; the efficiency here is against the
     # catalog's 2450 / 4900 (catalog.hardware), the peak predict divides by.
-    "gb200": MeasuredGPU("gb200", _mamf(1822.0, 3615.6), **_links_unknown(_CX7_PER_GPU),
+    # FP8: the sustained rate (AZURE), not MAMF's burst 3615.6; BF16 has no sustained
+    # figure, so it keeps MAMF's.
+    "gb200": MeasuredGPU("gb200", {
+        "bf16": Figure(1822.0, "TFLOPS", MAMF, "a burst rate: no sustained BF16 figure of "
+                       "GB200 was found; its FP8 sustains 20% below its burst"),
+        "fp8": Figure(2906.9, "TFLOPS", AZURE, "cuBLASLt after 10,000 warm-up iterations, "
+                      "16384^3; MAMF's burst rate is 3615.6", h100=1382.2)},
+                         intra_node_busbw_gbs=_GB200_NVLINK, network_gbs=_CX7_PER_GPU,
+                         collective_latency_us=_LATENCY_UNKNOWN,
                          attention_tflops=_sdpa(0.688, 1598, 2.097, 1311,
                                                 "GB200, cuDNN 9.19 (@107786d)")),
-    "gb300": MeasuredGPU("gb300", _gemm_unknown("bf16", "fp8"), **_links_unknown(),
+    "gb300": MeasuredGPU("gb300", _gemm_unknown("bf16", "fp8"),
+                         intra_node_busbw_gbs=_same_links(_GB200_NVLINK, "GB300 NVL72 has "
+                                                          "GB200 NVL72's NVLink 5 (4 GPUs, 8 "
+                                                          "GiB: 681.03 against 663.34-679.61 "
+                                                          "GB/s)"),
+                         network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
+                         collective_latency_us=_LATENCY_UNKNOWN,
                          attention_tflops=_sdpa(0.583, 1887, 1.985, 1385,
                                                 "GB300, cuDNN 9.19 (@107786d)")),
-    "mi300x": MeasuredGPU("mi300x", _mamf(668.4, None), **_links_unknown()),
+    "mi300x": MeasuredGPU("mi300x", _mamf(668.4, None),
+                          intra_node_busbw_gbs=_busbw_vs_hopper(273.66, 361.67, RCCL_MI300X + "; "
+                                                                + NCCL_H100, "8 x MI300X "
+                                                                "(rccl-tests) against 8 x H100 "
+                                                                "(nccl-tests)"),
+                          network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
+                          collective_latency_us=Figure(16.6, "us", RCCL_MI300X, (
+                              "median of 8 B to 2 KiB, 13.1-22.9 us, out of place, without "
+                              "graphs, as DGX H100's 13-17 us were measured")))
 }
 
 LINK_FIELDS = ("intra_node_busbw_gbs", "network_gbs", "collective_latency_us")

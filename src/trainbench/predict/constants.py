@@ -88,10 +88,10 @@ class Constants:
 FIELDS = tuple(f.name for f in fields(Constants))
 
 # Per GPU type. Hopper values come from the H100 reference cells (bench/predict_accuracy.py);
-# other types start from the same efficiencies with their own peaks and bandwidths until a
-# calibration (`trainbench predict --calibrate`) or a probe profile (`predict --hardware`)
-# measures them; catalog.measured holds no citable sustained GEMM figure for them yet, and
-# predict labels the figure an assumption.
+# other types start from the same efficiencies, carried by the public measured figures of
+# catalog.measured (transfer_constants; an assumption, labelled, where none is stored),
+# until a calibration (`trainbench predict --calibrate`) or a probe profile (`predict
+# --hardware`) measures them.
 DEFAULTS: dict[str, Constants] = {
     "h100": Constants(),
     "h200": Constants(),
@@ -122,6 +122,8 @@ def transfer_constants(c: Constants, gpu_type: str, from_type: str = FITTED_ON
     fwd + bwd at a seed shape, one cuDNN release for all) over the BF16 peak: on GB300 it
     reaches 0.61 of the peak where Hopper reaches 0.57, so it is charged 7% above the
     peak-scaled rate.
+    A figure from a benchmark that measured H100 too (catalog.measured Figure.h100, e.g.
+    GB200's sustained FP8 GEMM) is divided by that H100 figure, not H100's own entry.
     Where either figure is missing the fraction stays the fitted one, labelled assumed."""
     from ..catalog import hardware, measured
     gpu_type, from_type = gpu_type.lower(), from_type.lower()
@@ -142,10 +144,14 @@ def transfer_constants(c: Constants, gpu_type: str, from_type: str = FITTED_ON
             labels[name] = (f"assumed: the {from_type.upper()}-fitted fraction of peak applied "
                             f"to this GPU's peak ({why})")
             continue
-        ratio = (a.value / peak_to) / (b.value / peak_from)
+        # Like with like: the H100 figure of the same source where it measured one.
+        ref = a.h100 if a.h100 is not None and from_type == "h100" else b.value
+        ratio = (a.value / peak_to) / (ref / peak_from)
         values[name] = getattr(c, name) * ratio
-        labels[name] = (f"measured: {a.value:g} of {peak_to:g} TFLOPS ({a.source}) against "
-                        f"{from_type.upper()}'s {b.value:g} of {peak_from:g}: the "
+        labels[name] = (f"measured: {a.value:g} of {peak_to:g} TFLOPS ({a.source}"
+                        f"{'; ' + a.reason if a.reason else ''}) against "
+                        f"{from_type.upper()}'s {ref:g} of {peak_from:g}"
+                        f"{' in the same benchmark' if ref != b.value else ''}: the "
                         f"{from_type.upper()}-fitted {getattr(c, name):.3g} x {ratio:.3f}")
     return replace(c, **values), labels
 
