@@ -208,14 +208,18 @@ def print_moe(rows: list[dict], label: str) -> None:
 def heldout_diagnostics(constants: Constants) -> dict[str, float]:
     """What dominates the held-out error: the mean |error| again with one kind of
     non-GEMM work charged at its H100 speed instead of scaled by the spec sheet (flash
-    attention and the scan by the BF16 peak, memory-bound kernels by the HBM bandwidth).
+    attention and the scan by the BF16 peak, memory-bound kernels by the HBM bandwidth),
+    and with B200's FP8 GEMMs at the share of their burst rate GB200's sustain
+    (catalog.measured.GB200_FP8_SUSTAINED_SHARE; B200 has no sustained figure).
     A diagnosis, not a fit: no figure here feeds a prediction."""
     from dataclasses import replace
 
     from trainbench.catalog import hardware
+    from trainbench.catalog.measured import GB200_FP8_SUSTAINED_SHARE
     h100 = hardware.GPUS["h100"]
     out = {}
-    for label in ("attention at H100 speed", "memory-bound kernels at H100 speed"):
+    for label in ("attention at H100 speed", "memory-bound kernels at H100 speed",
+                  "B200's FP8 GEMMs at GB200's sustained share of the burst"):
         errors = []
         for row in HELD_OUT:
             if row.gpu_type == "h100":
@@ -225,11 +229,11 @@ def heldout_diagnostics(constants: Constants) -> dict[str, float]:
             if label.startswith("attention"):
                 slow = h100.peak("bf16") / gpu.peak("bf16")
                 c = replace(c, attn_eff=c.attn_eff * slow, scan_eff=c.scan_eff * slow)
-            else:
+            elif label.startswith("memory"):
                 c = replace(c, hbm_eff=c.hbm_eff * h100.hbm_tbs / gpu.hbm_tbs)
-            pred = predict_step(heldout_plan(row),
-                                sharding="fsdp" if row.fsdp else "distributed_optimizer",
-                                constants=c)
+            elif row.gpu_type == "b200":
+                c = replace(c, gemm_eff_fp8=c.gemm_eff_fp8 * GB200_FP8_SUSTAINED_SHARE)
+            pred = predict_heldout_row(row, c)
             errors.append(pred.step_time_s / row.step_time_s - 1)
         out[label] = _mean_abs_pct(errors)
     return out

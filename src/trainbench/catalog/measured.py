@@ -210,6 +210,12 @@ def _mamf(bf16: float | None, fp8: float | None, bf16_note: str = "") -> dict[st
     return out
 
 
+GB200_FP8_SUSTAINED_SHARE = 2906.9 / 3615.6
+"""GB200's sustained FP8 GEMM rate (AZURE) over its MAMF burst: 0.804. B200 has no sustained
+figure; bench/predict_accuracy.py shows, as a diagnosis that feeds no prediction, what
+B200's error would be if its FP8 GEMMs kept the same share (flashinfer PR #2899's B200
+clocks under load, ~1580 of 1965 MHz, are the same 0.80)."""
+
 H100_BUSBW_GBS = 370.0
 """H100's all-reduce bus bandwidth inside a node, as the model charges it (_H100_LINKS)."""
 
