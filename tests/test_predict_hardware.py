@@ -81,6 +81,38 @@ def test_profile_replaces_catalog_figures_and_halving_gemm_doubles_the_gemm_time
     assert slow.step_time_s > pred.step_time_s
 
 
+def test_profile_sustained_share_scales_the_gemm_efficiency(tmp_path):
+    """A GEMM that keeps 80% of its burst rate over the probe's sustained run (made-up
+    figures; rank 7 the worst) is charged 80% of the burst-derived efficiency; a share
+    above 1 (timing noise) is taken as 1; a profile without the run keeps the burst figure
+    and says so."""
+    plan = build_plan("pretrain_llama3.1", "8b", "bf16", 16, "h100")
+    burst, burst_fig = hp.predict_with_profile(plan, hp.read_facts(PROFILE), sharding="recipe",
+                                               config={})
+    assert "a burst rate: the profile has no sustained run" in burst_fig["gemm_eff_bf16"]
+    data = json.loads(PROFILE.read_text())
+    for rank in data["ranks"]:
+        kept = {7: 0.8, 3: 1.2}.get(rank["rank"], 0.9)
+        rank["gemm_sustained"] = [{"dtype": "bf16", "shape": "Llama 3.1 70B MLP up",
+                                   "m": 8192, "k": 8192, "n": 28672, "burst_tflops": 700.0,
+                                   "tflops": 700.0 * kept, "seconds": 10.0}]
+    path = tmp_path / "sustained.json"
+    path.write_text(json.dumps(data))
+    facts = hp.read_facts(path)
+    assert facts.sustained["bf16"][0] == pytest.approx(0.8) and "rank 7" in facts.sustained[
+        "bf16"][2]
+    pred, figures = hp.predict_with_profile(plan, facts, sharding="recipe", config={})
+    assert pred.constants["gemm_eff_bf16"] == pytest.approx(
+        0.8 * burst.constants["gemm_eff_bf16"])
+    assert "x 0.800, the share of its burst rate kept over a 10 s sustained run, rank 7" in \
+        figures["gemm_eff_bf16"]
+    assert "fp8" not in facts.sustained  # fp8 keeps its burst figure
+    for rank in data["ranks"]:
+        rank["gemm_sustained"][0]["tflops"] = 750.0  # faster than the burst: noise
+    path.write_text(json.dumps(data))
+    assert hp.read_facts(path).sustained["bf16"][0] == 1.0
+
+
 def _with_attention(tmp_path, tflops_by_rank: dict[int, float], name="attention.json"):
     """The made-up profile with a causal-attention figure on every rank (made-up too)."""
     data = json.loads(PROFILE.read_text())

@@ -60,6 +60,19 @@ def test_probe_writes_a_profile_and_a_plot(probed):
         # predict's scan count: 6 x s x heads x (Q/2 (N + P) + 2 N P).
         assert scan["tflops"] == pytest.approx(
             6 * 512 * 4 * (32 / 2 * (16 + 16) + 2 * 16 * 16) / scan["time_s"] / 1e12)
+        # The sustained run: the largest seed shape per dtype, its rate the median of the
+        # last half of the windows, beside the burst rate of the same shape.
+        largest = max(P.gemm_shapes("cpu"), key=lambda s: s["m"] * s["k"] * s["n"])
+        assert [g["dtype"] for g in r["gemm_sustained"]] == ["fp32", "bf16"]
+        for s in r["gemm_sustained"]:
+            assert (s["m"], s["k"], s["n"]) == (largest["m"], largest["k"], largest["n"])
+            burst = next(g for g in r["gemm"] if g["dtype"] == s["dtype"]
+                         and g["shape"] == largest["name"])
+            assert s["burst_tflops"] == burst["tflops"]
+            windows = s["window_tflops"]
+            assert len(windows) == 10 and all(w > 0 for w in windows)
+            settled = sorted(windows[5:])
+            assert s["tflops"] == settled[2] and s["seconds"] > 0
         mem = r["memory"]
         assert mem["counted"] == "read + write" and mem["bytes_moved"] == 2 * mem["buffer_bytes"]
         assert mem["gbs"] == pytest.approx(mem["bytes_moved"] / mem["time_s"] / 1e9)
@@ -73,8 +86,9 @@ def test_probe_writes_a_profile_and_a_plot(probed):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (out_dir / "exit.json").exists() and (out_dir / "probe.log").exists()
     # The table on the terminal: one row per rank, one per collective.
+    assert prof["settings"]["sustain_seconds"] == 0.5
     for text in ("Per rank", "Collectives", "all_to_all", "send_recv", "copy GB/s",
-                 "attention TFLOPS", "scan TFLOPS", "seq 512"):
+                 "attention TFLOPS", "scan TFLOPS", "seq 512", "Sustained GEMMs"):
         assert text in res.stdout
 
 
@@ -98,7 +112,7 @@ def test_probe_bandwidths_follow_the_nccl_tests_convention(probed):
 def test_probe_names_the_slowed_rank(probed):
     res, _, prof = probed
     r0, r1 = prof["ranks"]
-    for g0, g1 in zip(r0["gemm"], r1["gemm"]):
+    for g0, g1 in zip(r0["gemm"] + r0["gemm_sustained"], r1["gemm"] + r1["gemm_sustained"]):
         # A quarter of the speed; the bound leaves room for two busy cores' noise (a
         # half-speed hook measured 0.73 of its peer on a loaded CI machine).
         assert g1["tflops"] < 0.5 * g0["tflops"]
@@ -195,6 +209,26 @@ def test_cpu_ranks_of_one_host_are_not_compared_on_copy_bandwidth():
     (finding,) = P.health_verdict(two_hosts, [])["findings"]
     assert finding["rank"] == 0 and finding["metric"] == "memory bandwidth GB/s"
     assert not P.health_verdict(two_hosts, [])["notes"]
+
+
+def test_a_gpu_that_throttles_under_sustained_load_is_named():
+    # Equal bursts, but GPU 1 keeps 20% less of its rate over the sustained run (power or
+    # heat): named on the sustained metric. Two CPU ranks of one host that differ the same
+    # way share cores and power: not compared, and the note says so.
+    def sustained(rank, tflops, threads=None):
+        return {**rank, "threads": threads,
+                "gemm_sustained": [{"dtype": "bf16", "tflops": tflops, "burst_tflops": 800}]}
+    gpus = [sustained(_rank(0, "a", 0, 800, 3000), 780),
+            sustained(_rank(1, "a", 1, 800, 3000), 620),
+            sustained(_rank(2, "a", 2, 800, 3000), 775)]
+    (finding,) = P.health_verdict(gpus, [])["findings"]
+    assert finding["rank"] == 1 and finding["metric"] == "bf16 sustained GEMM TFLOPS"
+    assert finding["below_pct"] == pytest.approx(100 * (1 - 620 / 777.5), abs=0.1)
+    cpus = [sustained(_rank(0, "a", 0, 0.16, 13), 0.16, threads=1),
+            sustained(_rank(1, "a", 1, 0.16, 13), 0.12, threads=1)]
+    verdict = P.health_verdict(cpus, [])
+    assert not verdict["findings"]
+    assert "sustained GEMM rates are not compared" in verdict["notes"][0]
 
 
 def test_verdict_names_a_slow_node_group():

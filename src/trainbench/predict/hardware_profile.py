@@ -7,7 +7,10 @@ What a profile (hardware-profile.json, schema 1, written by trainbench.probe) re
   at the seed workloads' MLP shapes; the model's efficiency of a GEMM of smallest side d
   is eff * d / (d + gemm_half_dim) (perf.gemm_efficiency), so the measured TFLOPS at a
   shape of smallest side d gives eff = TFLOPS / (peak * d / (d + gemm_half_dim)); the best
-  shape is used, on the SLOWEST rank: a synchronous step waits for its slowest GPU.
+  shape is used, on the SLOWEST rank: a synchronous step waits for its slowest GPU. Those
+  are burst timings; the probe also runs the largest shape back to back on every rank for
+  seconds, and the smallest share of its burst rate a rank kept there multiplies eff (a
+  Blackwell GPU at its power limit sustains ~20% below its burst, catalog.measured).
 - intra_node_busbw_gbs: all-reduce bus bandwidth of the 'node' groups at the largest size
   measured (the slowest node), nccl-tests convention as the model's comm.py uses it.
 - network_gbs: all-reduce bus bandwidth of the 'cross-node' groups (one local index on
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .constants import Constants
@@ -66,6 +69,10 @@ class HardwareFacts:
     """(TFLOPS, sequence length, where: the rank) of the slowest rank's causal attention."""
     scan: tuple[float, str] | None = None
     """(TFLOPS, where: the rank) of the slowest rank's Mamba-2 scan."""
+    sustained: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    """dtype -> (share of its burst rate the GEMM kept, seconds, where: the rank) over the
+    probe's sustained run, the smallest over the ranks, at most 1; absent from profiles
+    written before the probe ran one."""
 
 
 def _load_json(path: Path) -> dict:
@@ -137,6 +144,19 @@ def read_facts(path: str | Path) -> HardwareFacts:
                                  f"rank {r.get('rank')}, {top.get('shape', 'GEMM')}"))
         if per_rank:
             gemm[dtype] = min(per_rank)
+    sustained: dict[str, tuple[float, float, str]] = {}
+    for r in ranks:
+        for g in r.get("gemm_sustained") or []:
+            if not (isinstance(g, dict) and isinstance(g.get("dtype"), str)
+                    and _positive(g.get("tflops")) and _positive(g.get("burst_tflops"))):
+                continue
+            # A sustained window faster than the burst's best is timing noise: the burst
+            # stands (the share never raises an efficiency).
+            share = min(1.0, float(g["tflops"]) / float(g["burst_tflops"]))
+            seconds = float(g["seconds"]) if _positive(g.get("seconds")) else 0.0
+            if g["dtype"] not in sustained or share < sustained[g["dtype"]][0]:
+                sustained[g["dtype"]] = (share, seconds, f"rank {r.get('rank')}, "
+                                         f"{g.get('shape', 'GEMM')}")
     timed = [(float(a["tflops"]), int(a["seq"]), f"rank {r.get('rank')}, {a.get('name', 'attention')}")
              for r in ranks for a in [r.get("attention")]
              if isinstance(a, dict) and _positive(a.get("tflops")) and _positive(a.get("seq"))
@@ -160,7 +180,7 @@ def read_facts(path: str | Path) -> HardwareFacts:
         path=str(path), gpu_type=str(machine.get("gpu_type") or "").lower(),
         ranks=len(ranks), nodes=int(nodes) if _positive(nodes) else 1, gemm=gemm,
         intra_node_busbw_gbs=intra, network_gbs=network, latency_us=latency,
-        attention=attention, scan=scan)
+        attention=attention, scan=scan, sustained=sustained)
 
 
 def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
@@ -190,8 +210,19 @@ def apply_facts(facts: HardwareFacts, device: Device, constants: Constants
                 "another device or corrupt; re-run `trainbench probe`")
         falloff = side / (side + constants.gemm_half_dim)
         eff = tflops / (device.peak(dtype) * falloff)
+        label = f"{src} ({tflops:.4g} TFLOPS, {where}"
+        if dtype in facts.sustained:
+            # A training step runs its GEMMs back to back for minutes: charge the share of
+            # the burst rate they keep under that load.
+            share, seconds, swhere = facts.sustained[dtype]
+            eff *= share
+            label += (f"; x {share:.3f}, the share of its burst rate kept over a "
+                      f"{seconds:.3g} s sustained run, {swhere}")
+        else:
+            label += ("; a burst rate: the profile has no sustained run, re-run `trainbench "
+                      "probe`")
         const_values[f"gemm_eff_{dtype}"] = eff
-        labels[f"gemm_eff_{dtype}"] = f"{src} ({tflops:.4g} TFLOPS, {where})"
+        labels[f"gemm_eff_{dtype}"] = label + ")"
     # Attention and the scan run in BF16 in every recipe: each measured rate is a share
     # of the BF16 peak, attention's with its sequence fall-off L / (L + half) divided out.
     kernels = {"attn_eff": None, "scan_eff": None}

@@ -239,18 +239,30 @@ def _below(value: float, peers: list[float]) -> float | None:
 
 def rank_metrics(rank: dict) -> dict[str, float]:
     """The figures a rank is compared on: its best GEMM TFLOPS per dtype over the shapes
-    (one shape's timing is noisier than the best of several) and its copy GB/s."""
+    (one shape's timing is noisier than the best of several), its sustained GEMM TFLOPS
+    (GPU ranks) and its copy GB/s."""
     metrics: dict[str, float] = {}
     for g in rank.get("gemm", []):
         if g.get("tflops"):
             key = f"{g['dtype']} GEMM TFLOPS"
             metrics[key] = max(metrics.get(key, 0.0), g["tflops"])
+    # A GPU that throttles (power, heat) shows under sustained load, not in a burst.
+    for g in rank.get("gemm_sustained") or []:
+        if g.get("tflops"):
+            metrics[f"{g['dtype']} {SUSTAINED_METRIC}"] = g["tflops"]
     if rank.get("memory", {}).get("gbs"):
         metrics[MEMORY_METRIC] = rank["memory"]["gbs"]
     return metrics
 
 
 MEMORY_METRIC = "memory bandwidth GB/s"
+SUSTAINED_METRIC = "sustained GEMM TFLOPS"
+
+
+def _host_shared(metric: str) -> bool:
+    """Metrics two CPU ranks of one host disturb each other on: copies through the same
+    RAM, and long GEMM runs on the same cores and power budget."""
+    return metric == MEMORY_METRIC or metric.endswith(SUSTAINED_METRIC)
 
 
 def _share_memory(rank: dict, other: dict) -> bool:
@@ -269,15 +281,15 @@ def health_verdict(ranks: list[dict], collectives: list[dict]) -> dict:
     """Slow ranks (a GEMM or memory figure more than 5% below the median of the other
     ranks) and slow groups (the bus bandwidth at the largest size more than 5% below the
     median of the other groups of the same kind), each named with host and index. CPU
-    ranks are not compared on copy bandwidth with ranks of their own host (_share_memory),
-    and the verdict's notes say so."""
+    ranks are not compared on copy bandwidth or sustained GEMMs with ranks of their own host
+    (_share_memory), and the verdict's notes say so."""
     findings, notes = [], []
     for rank in ranks:
         mine = rank_metrics(rank)
         worst = None
         for metric, value in mine.items():
             peers = [rank_metrics(other).get(metric) for other in ranks if other is not rank
-                     and not (metric == MEMORY_METRIC and _share_memory(rank, other))]
+                     and not (_host_shared(metric) and _share_memory(rank, other))]
             shortfall = _below(value, [p for p in peers if p is not None])
             if shortfall is not None and (worst is None or shortfall > worst[1]):
                 worst = (metric, shortfall, value, statistics.median(
@@ -309,9 +321,9 @@ def health_verdict(ranks: list[dict], collectives: list[dict]) -> dict:
                                f"{100 * shortfall:.0f}% below its peers' median "
                                f"({statistics.median(peers):.3g} GB/s)"})
     if any(_share_memory(a, b) for i, a in enumerate(ranks) for b in ranks[i + 1:]):
-        notes.append("copy bandwidth is not compared between CPU ranks of one host: they "
-                     "share its memory, so a gap between them is contention, not a slow "
-                     "device")
+        notes.append("copy bandwidth and sustained GEMM rates are not compared between CPU "
+                     "ranks of one host: they share its memory and cores, so a gap between "
+                     "them is contention, not a slow device")
     compared = len(ranks) > 1
     if findings:
         status = "slow"

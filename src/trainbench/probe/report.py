@@ -51,6 +51,21 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
                       f"{r['memory']['gbs']:.3g}", health)
     out.print(ranks)
 
+    sustained = [(r, g) for r in profile["ranks"] for g in r.get("gemm_sustained") or []]
+    if sustained:
+        table = Table(title=f"Sustained GEMMs: the largest shape back to back, all ranks at "
+                      f"once, {profile['settings'].get('sustain_seconds', 0):g} s per dtype")
+        for col in ("rank", "dtype", "shape", "burst TFLOPS", "sustained TFLOPS", "kept"):
+            table.add_column(col)
+        for r, g in sustained:
+            table.add_row(str(r["rank"]), g["dtype"], escape(g["shape"]),
+                          f"{g['burst_tflops']:.4g}", f"{g['tflops']:.4g}",
+                          f"{100 * g['tflops'] / g['burst_tflops']:.0f}%")
+        out.print(table)
+        if any(g["tflops"] > g["burst_tflops"] for _, g in sustained):
+            out.print("  kept above 100%: the burst's short timings were the noisier; predict "
+                      "--hardware takes at most 100%", highlight=False)
+
     if profile["collectives"]:
         coll = Table(title="Collectives (float32; nccl-tests bus bandwidth)")
         for col in ("op", "group", "ranks", "latency (us)", "largest size", "time (us)",

@@ -28,6 +28,11 @@ LOG_FILE = "probe.log"
 # A copy much larger than any CPU's last-level cache, so that it measures memory.
 CPU_COPY_BYTES = 256 * P.MIB
 GPU_COPY_BYTES = P.GIB
+# The sustained GEMM run (worker.Rank.sustained): long enough on a GPU for its clocks to
+# settle at the power limit (Azure's benchmark guide warms up for 10,000 GEMMs, ~10 s at
+# the seed shapes); on a CPU a token length, so that the tests exercise the path.
+GPU_SUSTAIN_SECONDS = 10.0
+CPU_SUSTAIN_SECONDS = 0.5
 MAX_CPU_RANKS = 64
 
 
@@ -160,7 +165,8 @@ def plan_probe(req: ProbeRequest) -> PlannedProbe:
             "scale": req.scale, "nodes": nodes, "ranks_per_node": per_node,
             "dtypes": dtypes, "gemm_shapes": P.gemm_shapes(device), "sizes": sizes,
             "attention": P.attention_shape(device), "scan": P.scan_shape(device),
-            "memory_bytes": CPU_COPY_BYTES if device == "cpu" else GPU_COPY_BYTES}
+            "memory_bytes": CPU_COPY_BYTES if device == "cpu" else GPU_COPY_BYTES,
+            "sustain_seconds": CPU_SUSTAIN_SECONDS if device == "cpu" else GPU_SUSTAIN_SECONDS}
     root = req.root
     if root is None:
         from ..launch.jobs import experiments_root
