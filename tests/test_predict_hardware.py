@@ -273,7 +273,14 @@ def test_non_seed_gpu_uses_measured_figures_with_their_source():
     assert gb200_pred.constants["gemm_eff_fp8"] == pytest.approx(
         h100.gemm_eff_fp8 * (2906.9 / 4900) / (1382.2 / 1979))
     assert "in the same benchmark" in gb200["gemm_eff_fp8"]
-    # No public GEMM figure for GB300: None with a reason, and predict says it assumes.
+    # GB300's only GEMM figure is the same harness's FP8 run (a fork of Azure's guide:
+    # 3308.5 TFLOPS), also against its H100; its BF16 has none.
+    gb300_pred, gb300_fp8 = hp.predict_with_profile(
+        build_plan("pretrain_llama3.1", "8b", "fp8", 8, "gb300"), None, config={})
+    assert gb300_pred.constants["gemm_eff_fp8"] == pytest.approx(
+        h100.gemm_eff_fp8 * (3308.5 / 4900) / (1382.2 / 1979))
+    assert gb300_fp8["gemm_eff_fp8"].startswith("measured:")
+    # No public BF16 GEMM figure for GB300: None with a reason, and predict says it assumes.
     gb300 = measured.measured_for("gb300")
     assert gb300.gemm_tflops["bf16"].value is None and gb300.gemm_tflops["bf16"].reason
     _, gb300_fig = hp.predict_with_profile(

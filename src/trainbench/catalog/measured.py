@@ -68,6 +68,21 @@ AZURE
     flashinfer-ai/flashinfer PR #2899), Hopper's hardly do. "NCCL Bandwidth": nccl-tests
     all-reduce bus bandwidth, in place, at 67M (64 MiB): 8 x H100 (NVLS) 361.78 GB/s,
     4 x GB200 in one NVL72 tray (ring) 550.73.
+AZURE_GB300
+    egmsft/AI-benchmarking-guide (a fork of the same guide), Azure_Results/
+    ND_GB300_v6_results.md @18e80a2 (CUDA 13.0, driver 580.82.07): the same harness and
+    settings on ND GB300 v6, FP8, best of the listed shapes 3308.5 TFLOPS (16384^3; 3286.3
+    at 8192^3). GB300 has no MAMF row, so this is its only GEMM figure; it is divided by
+    AZURE's H100 (1382.2).
+Not used: huggingface/gpu-fryer's README reference table (@2b6fb06: H100 ~730 BF16 / ~1530
+    FP8 TFLOPS, GB200 ~1550 / ~4300 in a later commit) and mghpcc/aicr-benchmarks'
+    gpu-fryer runs of 8 x B200 for 300 s (Benchmark_WG/gpu-fryer/b0025-9553.out @292d571:
+    1493 BF16, 4103 FP8 per GPU): the H100 reference is an approximate row with no run
+    length or setup, and its FP8 figures sit above every other FP8 measurement of those
+    GPUs (H100 1530 against 1382-1403; GB200 4300 against MAMF's 3616 burst), so they time
+    some other FP8 configuration than the training GEMMs'. Their BF16 agrees in direction
+    with AZURE: Blackwell keeps a smaller share of its peak than H100 under sustained load
+    (B200 0.90, GB200 0.86 of H100's share; MAMF's bursts give 0.97 and 0.93).
 ML_ENG_NET
     stas00/ml-engineering network/README.md @744d01e: the repository's all_reduce_bench.py
     (torch.distributed all-reduce, bus bandwidth as nccl-tests defines it) on one node each,
@@ -120,6 +135,8 @@ AZURE = ("Azure/AI-benchmarking-guide Azure_Results ND_H100_v5_results.md @ae0b6
 ML_ENG_NET = "stas00/ml-engineering network/README.md @744d01e, all_reduce_bench.py"
 RCCL_MI300X = ("ROCm/rocm-blogs blogs/software-tools-optimization/mi300x-rccl-xgmi/README.md "
                "@0e81c2c, rccl-tests all_reduce_perf on 8 x MI300X")
+AZURE_GB300 = ("egmsft/AI-benchmarking-guide Azure_Results/ND_GB300_v6_results.md @18e80a2 "
+               "(the same harness), against Azure's H100 in ND_H100_v5_results.md @ae0b6a7")
 NVL5_SAME = ("oracle-quickstart/oci-gpu-quickstarts @6a0abdc nvidia/{GB300,GB200,B300}/"
              "README-*.md: the same NVLink 5 links measure the same")
 CUDNN_SDPA = ("NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training, causal BF16 SDPA at "
@@ -294,7 +311,10 @@ MEASURED: dict[str, MeasuredGPU] = {
                          collective_latency_us=_LATENCY_UNKNOWN,
                          attention_tflops=_sdpa(0.688, 1598, 2.097, 1311,
                                                 "GB200, cuDNN 9.19 (@107786d)")),
-    "gb300": MeasuredGPU("gb300", _gemm_unknown("bf16", "fp8"),
+    "gb300": MeasuredGPU("gb300", {
+        **_gemm_unknown("bf16"),
+        "fp8": Figure(3308.5, "TFLOPS", AZURE_GB300, "cuBLASLt after 10,000 warm-up "
+                      "iterations, 16384^3", h100=1382.2)},
                          intra_node_busbw_gbs=_same_links(_GB200_NVLINK, "GB300 NVL72 has "
                                                           "GB200 NVL72's NVLink 5 (4 GPUs, 8 "
                                                           "GiB: 681.03 against 663.34-679.61 "
