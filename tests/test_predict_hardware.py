@@ -168,8 +168,9 @@ def _profile_with_scan(path: Path, rates: dict[int, float]) -> Path:
 
 def test_profile_scan_sets_the_scan_efficiency(tmp_path):
     """The slowest rank's Mamba-2 scan (made-up: rank 2 at 98.9 TFLOPS, a tenth of the
-    BF16 peak) replaces scan_eff, the constant only Nemotron-H informs; doubling every
-    rank's rate halves the predicted scan time; above the peak it is refused."""
+    BF16 peak) replaces the scan's derivation (its matmuls and its kernels' traffic) with
+    scan_eff; doubling every rank's rate halves the predicted scan time; above the peak it
+    is refused."""
     def with_scan(rates: dict[int, float], name: str):
         return hp.read_facts(_profile_with_scan(tmp_path / name, rates))
     plan = build_plan("pretrain_nemotronh", "56b", "fp8", 32, "h100")
@@ -181,19 +182,23 @@ def test_profile_scan_sets_the_scan_efficiency(tmp_path):
     fast = with_scan({r: 197.8 for r in range(16)}, "fast.json")
     quick, _ = hp.predict_with_profile(plan, fast, sharding="recipe", config={})
     assert quick.compute_breakdown["scan"] == pytest.approx(pred.compute_breakdown["scan"] / 2)
-    _, plain = hp.predict_with_profile(plan, hp.read_facts(PROFILE), sharding="recipe",
-                                       config={})
+    derived, plain = hp.predict_with_profile(plan, hp.read_facts(PROFILE), sharding="recipe",
+                                             config={})
     assert plain["scan_eff"].startswith("not in the profile")
+    # The measured rate covers the scan's traffic too: it leaves the memory-bound part.
+    assert derived.constants["scan_eff"] == 0
+    assert (pred.compute_breakdown["memory_bound"]
+            < 0.9 * derived.compute_breakdown["memory_bound"])
     with pytest.raises(hp.HardwareProfileError, match="scan .* above the .* BF16 peak"):
         hp.predict_with_profile(plan, with_scan({r: 2000.0 for r in range(16)}, "bad.json"),
                                 sharding="recipe", config={})
 
 
 def test_predict_names_where_the_scan_efficiency_comes_from_only_where_it_is_used(tmp_path):
-    """scan_eff is set by one workload's H100 cells: predict says so for Nemotron-H on the
-    H100 (fitted) and on a GPU no Nemotron-H recipe was measured on (assumed), names the
-    probe that would measure it, says nothing of it for a model without the scan, and a
-    profile with a measured scan replaces the label."""
+    """The scan is derived from its arithmetic on every GPU type, with no constant fitted
+    to a workload: predict says so for Nemotron-H on the H100 and on a GPU no Nemotron-H
+    recipe was measured on, names the probe that would measure it, says nothing of it for
+    a model without the scan, and a profile with a measured scan replaces the label."""
     def figures(workload, size, gpu, *extra):
         res = runner.invoke(app, ["predict", "-w", workload, "-s", size, "--scale", "64",
                                   "--gpu", gpu, "--format", "json", *extra])
@@ -201,9 +206,8 @@ def test_predict_names_where_the_scan_efficiency_comes_from_only_where_it_is_use
         return json.loads(res.stdout)["hardware_figures"]
     h100 = figures("pretrain_nemotronh", "56b", "h100")["scan_eff"]
     b200 = figures("pretrain_nemotronh", "56b", "b200")["scan_eff"]
-    assert h100.startswith("fitted to Nemotron-H's H100 step times")
-    assert b200.startswith("assumed: the H100 fraction of the BF16 peak, fitted to Nemotron-H")
-    assert "trainbench probe" in h100 and "trainbench probe" in b200
+    assert h100 == b200 and h100.startswith("derived: the SSD kernels' matmuls")
+    assert "no constant fitted" in h100 and "trainbench probe" in h100
     assert "scan_eff" not in figures("pretrain_llama3.1", "8b", "b200")
     profile = _profile_with_scan(tmp_path / "scan.json", {})
     measured_scan = figures("pretrain_nemotronh", "56b", "h100", "--hardware", str(profile))
@@ -352,18 +356,19 @@ def test_leave_one_workload_out_refits_without_the_group():
     bench = _bench()
     runs = [r for r in bench.seed_runs()
             if r.source in ("pretrain_nemotronh", "pretrain_nemotron4")]
-    names = ("scan_eff", "gemm_eff_fp8")
+    names = ("hbm_eff", "gemm_eff_fp8")
     full, full_set, none_held = bench.refit(runs, sweeps=1, names=names)
     out, fit_set, held = bench.refit(runs, lambda r: r.source == "pretrain_nemotronh",
                                      sweeps=1, names=names)
     assert not none_held and len(full_set) == len(runs)
     assert held and all(r.source == "pretrain_nemotronh" for r in held)
     assert fit_set and not any(r.source == "pretrain_nemotronh" for r in fit_set)
-    # Only Nemotron-H runs the Mamba scan: with it left out, nothing moves scan_eff from its
-    # default, while the full fit moves it.
-    default = default_constants("h100").scan_eff
-    assert out.scan_eff == pytest.approx(default, rel=1e-3)
-    assert abs(full.scan_eff / default - 1) > 0.05
+    # Nemotron-H spends a third of its step in memory-bound kernels (the scan's traffic):
+    # leaving it out changes what the fit sets hbm_eff to.
+    assert abs(out.hbm_eff / full.hbm_eff - 1) > 0.01
+    # The scan itself has no constant to fit: it is derived (constants.scan_eff).
+    assert "scan_eff" not in __import__("trainbench.predict.calibrate",
+                                        fromlist=["BOUNDS"]).BOUNDS
 
 
 def test_held_out_rows_are_not_seed_cells_have_sources_and_are_predicted():

@@ -152,13 +152,14 @@ def test_memory_bound_traffic_per_layer():
 
 
 def test_mamba_scan_moves_fp32_chunk_states_through_hbm():
-    # SSD (Dao & Gu 2024): H x P x N fp32 states per chunk of Q tokens, ~12 passes.
+    # SSD (Dao & Gu 2024): H x P x N states per chunk of Q tokens pass between the kernels:
+    # 8 fp32 and 7 bf16 passes (test_the_ssd_scan_traffic_is_the_kernels_tally).
     sh = shape(NH, tp=8)
     mamba = layer_work(NH, "mamba", sh)
-    states = 12 * (NH.mamba_heads / 8) * NH.mamba_head_dim * NH.mamba_state / NH.mamba_chunk * 4
-    assert mamba.hbm_bytes > states * NH.seq_len
+    states = (NH.mamba_heads / 8) * NH.mamba_head_dim * NH.mamba_state / NH.mamba_chunk
+    assert mamba.scan_hbm_bytes > (8 * 4 + 7 * 2) * states * NH.seq_len
     small = replace(NH, mamba_state=16)
-    assert layer_work(small, "mamba", sh).hbm_bytes < mamba.hbm_bytes
+    assert layer_work(small, "mamba", sh).scan_hbm_bytes < mamba.scan_hbm_bytes
     # Kept: norm input and output, in_proj output (z, xBC, dt), scan output y, fp32 dt/dA.
     d, gn, H, h = NH.mamba_d_inner, NH.mamba_groups * NH.mamba_state, NH.mamba_heads, NH.hidden
     tok = NH.seq_len
@@ -176,3 +177,16 @@ def test_te_fused_loss_moves_half_the_bytes_of_the_unfused_one():
     assert plain.linears == fused.linears  # the output GEMM is the same
     assert logits_bytes(L8B, replace(sh, fused_loss=True)) == pytest.approx(
         2 * 8192 * 128256 / 2)
+
+
+def test_the_ssd_scan_traffic_is_the_kernels_tally():
+    # mamba_ssm's Triton SSD kernels (state-spaces/mamba @e9594ce), as Megatron-LM calls
+    # them (z gated inside the scan), tallied kernel by kernel at one TP8 rank of
+    # Nemotron-H 56B (32 heads of 64, one group of state 256, chunks of 128, 8192 tokens,
+    # bf16): forward 73,792 and backward 238,272 bytes per token.
+    from trainbench.predict.work import ssd_scan_bytes
+    sh = Shape(mbs=1, seq_len=8192, tp=8, cp=1, act_bytes=2, fp8=True)
+    assert ssd_scan_bytes(NH, sh) == pytest.approx(73_792 + 238_272, rel=0.01)
+    lw = layer_work(NH, "mamba", sh)
+    assert lw.scan_hbm_bytes == pytest.approx(ssd_scan_bytes(NH, sh) * 8192)
+    assert lw.scan_dim == 64  # the head dim: the matmuls' smallest side

@@ -31,7 +31,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_eff_bf16": (0.3, 0.95),
     "gemm_eff_fp8": (0.2, 0.95),
     "attn_eff": (0.15, 0.9),
-    "scan_eff": (0.03, 0.8),
     "hbm_eff": (0.3, 0.95),
     "tp_overlap": (0.0, 0.95),
     "layer_overhead_us": (1.0, 2000.0),

@@ -36,20 +36,20 @@ class Constants:
     (attention stays BF16 in the FP8 recipes)."""
     attn_half_len: float = 450.0
     """Sequence length per attention kernel at which flash attention's efficiency halves."""
-    scan_eff: float = 0.09
-    """Mamba-2 chunked scan and causal convolution, fraction of the BF16 peak.
+    scan_eff: float = 0.0
+    """A measured rate of the whole Mamba-2 SSD scan, as a fraction of the BF16 peak, or 0.
 
-    The one constant only one seed workload informs (Nemotron-H is the only model with the
-    scan), so today it is in effect fitted to that workload on H100. It stays because no
-    derivation from the operation's arithmetic reproduces it: the SSD kernels' matmuls are
-    chunk-sized (Q x Q x head_dim, head_dim 64), and the GEMM fall-off of this model at
-    d = 64 gives 0.70 * 64 / (64 + 90) = 0.29 of peak, three times the 0.09 the published
-    step times imply; the gap is the scan's elementwise work (exp, cumsum, the fp32 chunk
-    states), which no FLOP count here captures. What replaces it on a user's machines: the scan
-    `trainbench probe` times (the engine's Mamba-2 SSD forward + backward at one TP8 rank
-    of Nemotron-H 56B: 32 heads of 64, state 256, chunks of 128, 8192 tokens), which
-    predict --hardware reads like the GEMM figures. Without a profile the README and
-    bench/predict_accuracy.py report Nemotron-H's leave-one-workload-out error with it."""
+    0 (the default) derives the scan from the operation's arithmetic, like every other
+    kernel: its matmuls at the GEMM fall-off of their smallest side (the head dim: 64 gives
+    0.70 x 64 / 154 = 0.29 of peak) and its kernels' HBM traffic (work.ssd_scan_bytes,
+    counted from mamba_ssm's Triton kernels: 311 KB per token at a TP8 rank of Nemotron-H
+    56B) at the memory-bound rate. Until 2026-11-27 this was 0.09, in effect fitted to
+    Nemotron-H's H100 cells (the only seed workload with the scan), because the traffic
+    then counted (the chunk states alone) left a threefold gap the FLOPs could not explain;
+    counted kernel by kernel, the derivation lands within 2% of the fitted scan's time per
+    token (0.241 against 0.245 us at that rank on H100). A `trainbench probe` profile
+    (predict --hardware) sets it from the scan the probe timed, which then replaces both
+    the matmul and the traffic terms."""
     hbm_eff: float = 0.45
     """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, casts) reach."""
     layer_overhead_us: float = 30.0

@@ -28,7 +28,8 @@ What a profile (hardware-profile.json, schema 1, written by trainbench.probe) re
 
 - scan_eff: the fraction of the BF16 peak the Mamba-2 SSD scan reaches, from the slowest
   rank's timed scan (forward + backward at one TP8 rank of Nemotron-H 56B, counted as the
-  model counts it), in place of the one constant a single workload informs.
+  model counts it), in place of the scan's derivation from its arithmetic (its matmuls and
+  its kernels' traffic, constants.scan_eff).
 
 Figures the profile lacks (fp8 on a machine without it, one node: no cross-node group)
 keep the catalog's figure and say so. HBM stays the catalog's (the model's hbm_eff is
@@ -279,13 +280,12 @@ def efficiency_labels(gpu_type: str, calibrated: dict) -> dict[str, str]:
                for n in names}
     else:
         out = transfer_constants(DEFAULTS.get(gpu_type, DEFAULTS[FITTED_ON]), gpu_type)[1]
-    # The scan's share of the peak is the one constant a single workload sets (constants.py),
-    # and no public measurement carries it to another GPU type: say so wherever it is used.
-    fitted = ("fitted to Nemotron-H's H100 step times, the only seed workload with the "
-              "Mamba-2 scan")
-    measure = "measure it with `trainbench probe` and pass --hardware"
-    out["scan_eff"] = (f"{fitted}; {measure}" if gpu_type == FITTED_ON else
-                       f"assumed: the H100 fraction of the BF16 peak, {fitted}; {measure}")
+    # The scan is derived from its arithmetic on every GPU type (constants.scan_eff): say
+    # how wherever it is used, and what measures it instead.
+    out["scan_eff"] = ("derived: the SSD kernels' matmuls at the GEMM fall-off of the head "
+                       "dim and their HBM traffic (predict/work.py ssd_scan_bytes, counted "
+                       "from mamba_ssm's kernels), no constant fitted; `trainbench probe` "
+                       "times the scan itself, pass --hardware to use it")
     out.update({n: "calibrated: cluster config 'calibration'" for n in (*names, "scan_eff")
                 if n in calibrated})
     return out

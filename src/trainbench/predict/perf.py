@@ -98,8 +98,20 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
         gemm += lin.flops / (peak * gemm_efficiency(c, fp8, lin))
     attention = (lw.attn_flops / (bf16 * attention_efficiency(c, lw.attn_len))
                  if lw.attn_flops else 0.0)
-    scan = lw.scan_flops / (bf16 * c.scan_eff) if lw.scan_flops else 0.0
-    memory_bound = lw.hbm_bytes / (dev.hbm_tbs * 1e12 * c.hbm_eff)
+    # The Mamba-2 scan (Dao & Gu 2024, SSD): its matmuls at the GEMM fall-off of their
+    # smallest side (the head dim) and its kernels' traffic at the memory-bound rate, both
+    # from the operation's arithmetic; a measured (probe) or calibrated whole-scan rate,
+    # scan_eff > 0, replaces both.
+    hbm = lw.hbm_bytes
+    if not lw.scan_flops:
+        scan = 0.0
+    elif c.scan_eff > 0:
+        scan = lw.scan_flops / (bf16 * c.scan_eff)
+    else:
+        d = lw.scan_dim
+        scan = lw.scan_flops / (bf16 * c.gemm_eff_bf16 * d / (d + c.gemm_half_dim))
+        hbm += lw.scan_hbm_bytes
+    memory_bound = hbm / (dev.hbm_tbs * 1e12 * c.hbm_eff)
     overhead = c.layer_overhead_us * 1e-6
     # Per sequence-parallel region: an all-gather and a reduce-scatter forward, and again
     # backward (four of each per transformer layer, Korthikanti et al. 2022). FP8 recipes

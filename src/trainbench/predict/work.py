@@ -50,6 +50,11 @@ class LayerWork:
     """Sequence length each attention kernel sees (s / cp)."""
     scan_flops: float = 0.0
     """Mamba-2 SSD scan and causal convolution FLOPs, forward + backward."""
+    scan_dim: int = 0
+    """Smallest side of the SSD scan's matmuls (the head dim): their GEMM fall-off."""
+    scan_hbm_bytes: float = 0.0
+    """HBM traffic of the SSD scan's kernels, forward + backward (ssd_scan_bytes); charged
+    apart from hbm_bytes so that a measured scan rate (probe) can replace both."""
     hbm_bytes: float = 0.0
     """Traffic of memory-bound kernels (norms, activation functions, residual adds, RoPE,
     FP8 casts), forward + backward."""
@@ -267,21 +272,19 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         total = fl.mamba_layer_flops(m, sh.seq_len) * sh.mbs / (sh.cp * t)
         gemm = sum(x.flops for x in lins)
         conv_ch = d_inner + 2 * gn
-        # Causal conv + SiLU over x, B, C (read, write forward; 3x backward) and the gated
-        # RMSNorm over d_inner (y, z in, out; about 10 d_inner both passes).
-        hbm = (norm_residual + 8.0 * conv_ch * tok + 10.0 * d_inner * tok) * b
+        # Causal conv + SiLU over x, B, C (read, write forward; 3x backward) and the
+        # RMSNorm over d_inner (y in, out forward; y, dout in, dy out backward: 5 d_inner;
+        # the gate z is applied inside the scan, ssd_scan_bytes).
+        hbm = (norm_residual + 8.0 * conv_ch * tok + 5.0 * d_inner * tok) * b
         hbm += fp8_cast_bytes(lins, tok)
-        # The SSD scan passes fp32 chunk states (H x P x N per chunk of Q tokens) between its
-        # kernels through HBM: written and read by chunk-state, state-passing and chunk-scan
-        # forward, about twice that backward (Dao & Gu 2024, sec. 6-7): ~12 passes.
-        hbm += 12.0 * H * m.mamba_head_dim * m.mamba_state / m.mamba_chunk * 4.0 * tok
         # Kept: in_proj output (z, xBC, dt) and the scan output y; the memory-efficient path
         # (mamba_split_conv1d_scan_combined, which Megatron-LM trains with) recomputes the
         # convolution and the gated norm in the backward. Plus fp32 dt and dA per head.
         kept = (2 * d_inner + 2 * gn + H + d_inner) * tok * b + 2 * H * tok * 4
         params = (sum(x.k * x.n for x in lins) + conv_ch * (m.mamba_conv_kernel + 1)
                   + 3 * H + d_inner + h)
-        return LayerWork(kind, lins, scan_flops=total - gemm, hbm_bytes=hbm,
+        return LayerWork(kind, lins, scan_flops=total - gemm, scan_dim=m.mamba_head_dim,
+                         scan_hbm_bytes=ssd_scan_bytes(m, sh) * tok, hbm_bytes=hbm,
                          act_bytes=norm_saved + kept, input_bytes=input_bytes, params=params,
                          tp_gather_bytes=(gather,) if t > 1 else ())
     if kind == "embedding":
@@ -306,6 +309,39 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
                          params=params, input_bytes=input_bytes,
                          tp_gather_bytes=(gather,) if t > 1 else ())
     raise ValueError(f"unknown layer kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+
+def ssd_scan_bytes(m: ModelSpec, sh: Shape) -> float:
+    """HBM bytes per token the Mamba-2 SSD scan's kernels move on one tensor-parallel rank,
+    forward + backward, as Megatron-LM trains with them (mamba_split_conv1d_scan_combined:
+    the gate z applied inside the scan, the backward recomputing the chunk states).
+
+    Counted from the kernels of state-spaces/mamba @e9594ce (mamba_ssm/ops/triton/ssd_*.py;
+    Megatron-LM @d98e8a6 megatron/core/ssm/mamba_mixer.py for the call): each kernel's
+    tensors once, per token, with H heads of P, G groups of state N, chunks of Q:
+    - x, dout, z and their like (H P elements each): 22 passes (forward: chunk-state reads
+      x, chunk-scan reads x and z and writes the output and the gated output; backward:
+      the dstates, dx, dB, dC, dCB, ddA and dz kernels);
+    - chunk states, H P N / Q per token: 8 passes in fp32 (chunk-state's output and
+      state-passing's input, forward and in the backward's recompute, state-passing's fp32
+      output there, dstates written and read twice) and 7 in bf16 (state-passing's output
+      read by chunk-scan; the converted states and dstates the backward's dx, dB and dC
+      kernels read);
+    - B and C (G N each): 15 passes; their fp32 gradient partials (two head splits) and
+      the sums over them: 12 passes of 4 G N bytes;
+    - C B^T, G Q x Q per chunk in fp32: 12 passes;
+    - dt, its cumulative sums and their gradients (fp32, H per token): 43 passes; the raw
+      dt and its gradient (bf16): 4; the final states (H P N per sequence, fp32): 2.
+    With H 32, P 64, G 1, N 256, Q 128 (a TP8 rank of Nemotron-H 56B) that is 311 KB per
+    token, of which 188 KB are the chunk states; the ones predict charged until 2026-11-27
+    (12 fp32 passes of the states alone, 197 KB) left out the x-sized passes."""
+    t = sh.tp
+    H, P, N, Q = m.mamba_heads / t, m.mamba_head_dim, m.mamba_state, m.mamba_chunk
+    G = max(1, m.mamba_groups // t)
+    b = sh.act_bytes
+    states = H * P * N / Q
+    return (22 * b * H * P + (8 * 4 + 7 * b) * states + 15 * b * G * N + 12 * 4 * G * N
+            + 12 * 4 * G * Q + 43 * 4 * H + 4 * b * H + 2 * 4 * H * P * N / sh.seq_len)
 
 
 LOSS_CHUNK_ELEMENTS = 2 ** 27
