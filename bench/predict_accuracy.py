@@ -141,12 +141,13 @@ def heldout_run(row: HeldOutRow) -> MegatronRun:
     return MegatronRun(fused_loss=te_cross_entropy(row), offload_layers=offload_layers(row))
 
 
-def predict_heldout_row(row: HeldOutRow, constants: Constants):
+def predict_heldout_row(row: HeldOutRow, constants: Constants, run: MegatronRun | None = None):
     """The row predicted as it ran: its sharding, loss and offload (what `predict` prints
-    for it with --sharding fsdp / distributed_optimizer, --loss and --offload-layers)."""
+    for it with --sharding fsdp / distributed_optimizer, --loss and --offload-layers), or
+    with another `run` (MegatronRun(): as plain predict, without the recipe facts)."""
     return predict_step(heldout_plan(row),
                         sharding="fsdp" if row.fsdp else "distributed_optimizer",
-                        constants=constants, megatron=heldout_run(row))
+                        constants=constants, megatron=heldout_run(row) if run is None else run)
 
 
 def predict_heldout(constants: Constants, measured_gemm: bool = True) -> list[dict]:
@@ -288,11 +289,9 @@ def memory_verdicts(constants: Constants) -> list[dict]:
     out = []
     for row in HELD_OUT:
         c = transfer_constants(constants, row.gpu_type)[0]
-        mem = predict_heldout_row(row, c).memory
-        plain = predict_step(heldout_plan(row),
-                             sharding="fsdp" if row.fsdp else "distributed_optimizer",
-                             constants=c).memory
         run = heldout_run(row)
+        mem = predict_heldout_row(row, c, run).memory
+        plain = predict_heldout_row(row, c, MegatronRun()).memory
         out.append({"row": row.key, "source": row.source, "offload_layers": run.offload_layers,
                     "te_cross_entropy": run.fused_loss,
                     "predicted_gib": mem.total / 2**30, "capacity_gib": mem.capacity / 2**30,

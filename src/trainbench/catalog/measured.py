@@ -227,11 +227,15 @@ def _mamf(bf16: float | None, fp8: float | None, bf16_note: str = "") -> dict[st
     return out
 
 
-GB200_FP8_SUSTAINED_SHARE = 2906.9 / 3615.6
-"""GB200's sustained FP8 GEMM rate (AZURE) over its MAMF burst: 0.804. B200 has no sustained
-figure; bench/predict_accuracy.py shows, as a diagnosis that feeds no prediction, what
-B200's error would be if its FP8 GEMMs kept the same share (flashinfer PR #2899's B200
-clocks under load, ~1580 of 1965 MHz, are the same 0.80)."""
+# AZURE's harness: cuBLASLt FP8 after 10,000 warm-up iterations, the best listed shape.
+_AZURE_H100_FP8 = 1382.2
+_GB200_FP8_BURST = 3615.6  # MAMF's row, replaced by the sustained figure below
+
+
+def _azure_fp8(tflops: float, source: str, note: str = "") -> Figure:
+    return Figure(tflops, "TFLOPS", source, "cuBLASLt after 10,000 warm-up iterations, "
+                  "16384^3" + note, h100=_AZURE_H100_FP8)
+
 
 H100_BUSBW_GBS = 370.0
 """H100's all-reduce bus bandwidth inside a node, as the model charges it (_H100_LINKS)."""
@@ -254,6 +258,7 @@ def _same_links(fig: Figure, what: str) -> Figure:
 _B200_NVLINK = _busbw_vs_hopper(400.60, 346.51, ML_ENG_NET, "8 x B200 against 8 x H200")
 _GB200_NVLINK = _busbw_vs_hopper(550.73, 361.78, AZURE, "4 x GB200 (one NVL72 tray, ring) "
                                  "against 8 x H100 (NVLS)")
+_NETWORK_UNKNOWN = Figure(None, "GB/s", reason=_NO_LINK)
 _LATENCY_UNKNOWN = Figure(None, "us", reason=(
     "no small-message all-reduce time of this system measured as DGX H100's was (nccl-tests "
     "without graphs); NVIDIA's 'just over 3 us' for 8 x B200 (NVIDIA/nccl-tests issue 333) "
@@ -270,7 +275,7 @@ _H100_LINKS = dict(
     # The model charges one bus bandwidth per collective; the buckets and TP messages of a
     # training step are tens of MiB, where the sample measures 362 GB/s (64 MiB) and the
     # reference about 370 (ring). 466-480 GB/s needs 1 GiB and more (NVLS).
-    intra_node_busbw_gbs=Figure(370.0, "GB/s", REF_HW + "; " + NCCL_H100,
+    intra_node_busbw_gbs=Figure(H100_BUSBW_GBS, "GB/s", REF_HW + "; " + NCCL_H100,
                                 "361.67 GB/s at 64 MiB in the nccl-tests sample"),
     network_gbs=Figure(45.0, "GB/s", REF_HW),
     # 13-17 us for small all-reduces in the sample; the reference gives 10-20 us.
@@ -296,7 +301,7 @@ MEASURED: dict[str, MeasuredGPU] = {
                         intra_node_busbw_gbs=_same_links(_B200_NVLINK, "HGX B300 has HGX "
                                                          "B200's NVLink 5 (8 GiB: 834.84 "
                                                          "against 838.0 GB/s)"),
-                        network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
+                        network_gbs=_NETWORK_UNKNOWN,
                         collective_latency_us=_LATENCY_UNKNOWN),
     # The table's GB200 'Theory' is 2500 / 5000; the efficiency here is against the
     # catalog's 2450 / 4900 (catalog.hardware), the peak predict divides by.
@@ -305,21 +310,19 @@ MEASURED: dict[str, MeasuredGPU] = {
     "gb200": MeasuredGPU("gb200", {
         "bf16": Figure(1822.0, "TFLOPS", MAMF, "a burst rate: no sustained BF16 figure of "
                        "GB200 was found; its FP8 sustains 20% below its burst"),
-        "fp8": Figure(2906.9, "TFLOPS", AZURE, "cuBLASLt after 10,000 warm-up iterations, "
-                      "16384^3; MAMF's burst rate is 3615.6", h100=1382.2)},
+        "fp8": _azure_fp8(2906.9, AZURE, f"; MAMF's burst rate is {_GB200_FP8_BURST:g}")},
                          intra_node_busbw_gbs=_GB200_NVLINK, network_gbs=_CX7_PER_GPU,
                          collective_latency_us=_LATENCY_UNKNOWN,
                          attention_tflops=_sdpa(0.688, 1598, 2.097, 1311,
                                                 "GB200, cuDNN 9.19 (@107786d)")),
     "gb300": MeasuredGPU("gb300", {
         **_gemm_unknown("bf16"),
-        "fp8": Figure(3308.5, "TFLOPS", AZURE_GB300, "cuBLASLt after 10,000 warm-up "
-                      "iterations, 16384^3", h100=1382.2)},
+        "fp8": _azure_fp8(3308.5, AZURE_GB300)},
                          intra_node_busbw_gbs=_same_links(_GB200_NVLINK, "GB300 NVL72 has "
                                                           "GB200 NVL72's NVLink 5 (4 GPUs, 8 "
                                                           "GiB: 681.03 against 663.34-679.61 "
                                                           "GB/s)"),
-                         network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
+                         network_gbs=_NETWORK_UNKNOWN,
                          collective_latency_us=_LATENCY_UNKNOWN,
                          attention_tflops=_sdpa(0.583, 1887, 1.985, 1385,
                                                 "GB300, cuDNN 9.19 (@107786d)")),
@@ -328,13 +331,19 @@ MEASURED: dict[str, MeasuredGPU] = {
                                                                 + NCCL_H100, "8 x MI300X "
                                                                 "(rccl-tests) against 8 x H100 "
                                                                 "(nccl-tests)"),
-                          network_gbs=Figure(None, "GB/s", reason=_NO_LINK),
+                          network_gbs=_NETWORK_UNKNOWN,
                           collective_latency_us=Figure(16.6, "us", RCCL_MI300X, (
                               "median of 8 B to 2 KiB, 13.1-22.9 us, out of place, without "
                               "graphs, as DGX H100's 13-17 us were measured")))
 }
 
 LINK_FIELDS = ("intra_node_busbw_gbs", "network_gbs", "collective_latency_us")
+
+GB200_FP8_SUSTAINED_SHARE = MEASURED["gb200"].gemm_tflops["fp8"].value / _GB200_FP8_BURST
+"""GB200's sustained FP8 GEMM rate (AZURE) over its MAMF burst: 0.804. B200 has no sustained
+figure; bench/predict_accuracy.py shows, as a diagnosis that feeds no prediction, what
+B200's error would be if its FP8 GEMMs kept the same share (flashinfer PR #2899's B200
+clocks under load, ~1580 of 1965 MHz, are the same 0.80)."""
 
 
 def measured_for(gpu_type: str) -> MeasuredGPU | None:

@@ -70,9 +70,9 @@ def check_megatron_run(plan: Plan, sharding: str, run: MegatronRun) -> None:
                                         (f"--offload-layers {run.offload_layers}",
                                          run.offload_layers)) if on)
     if sharding == ENGINE:
-        raise ValueError(f"{flags}: a setting of a Megatron-LM run, which trainbench's engine does "
-                         "not have; add "
-                         "--sharding recipe (or distributed_optimizer / fsdp)")
+        raise ValueError(f"{flags}: a setting of a Megatron-LM run, which trainbench's engine "
+                         "does not have; add --sharding recipe (or distributed_optimizer / "
+                         "fsdp)")
     if sharding == "recipe" and plan.recipe_source in FSDP_RECIPES:
         raise ValueError(f"{flags}: a setting of a Megatron-LM run, and the recipe of "
                          f"{plan.workload} {plan.size} is not one ({plan.recipe_source}); "

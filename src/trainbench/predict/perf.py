@@ -50,7 +50,12 @@ def gemm_efficiency(c: Constants, fp8: bool, lin: Linear) -> float:
     fall-off for the smallest dimension, d / (d + d_half) (wave quantisation and the
     memory-bound regime of thin matrices; Williams et al. 2009, the roofline model)."""
     d = min(lin.group_m or lin.m, lin.k, lin.n)
-    return (c.gemm_eff_fp8 if fp8 else c.gemm_eff_bf16) * d / (d + c.gemm_half_dim)
+    return (c.gemm_eff_fp8 if fp8 else c.gemm_eff_bf16) * gemm_falloff(c, d)
+
+
+def gemm_falloff(c: Constants, d: int) -> float:
+    """The share of the large-matrix efficiency a GEMM of smallest side d reaches."""
+    return d / (d + c.gemm_half_dim)
 
 
 def attention_efficiency(c: Constants, seq_len: int) -> float:
@@ -108,8 +113,7 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     elif c.scan_eff > 0:
         scan = lw.scan_flops / (bf16 * c.scan_eff)
     else:
-        d = lw.scan_dim
-        scan = lw.scan_flops / (bf16 * c.gemm_eff_bf16 * d / (d + c.gemm_half_dim))
+        scan = lw.scan_flops / (bf16 * c.gemm_eff_bf16 * gemm_falloff(c, lw.scan_dim))
         hbm += lw.scan_hbm_bytes
     memory_bound = hbm / (dev.hbm_tbs * 1e12 * c.hbm_eff)
     overhead = c.layer_overhead_us * 1e-6

@@ -240,7 +240,8 @@ def _below(value: float, peers: list[float]) -> float | None:
 def rank_metrics(rank: dict) -> dict[str, float]:
     """The figures a rank is compared on: its best GEMM TFLOPS per dtype over the shapes
     (one shape's timing is noisier than the best of several), its sustained GEMM TFLOPS
-    (GPU ranks) and its copy GB/s."""
+    per dtype and its copy GB/s (health_verdict compares CPU ranks of one host on neither
+    of the last two)."""
     metrics: dict[str, float] = {}
     for g in rank.get("gemm", []):
         if g.get("tflops"):

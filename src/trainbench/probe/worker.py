@@ -124,8 +124,8 @@ class Rank:
         out = []
         if seconds <= 0:
             return out
-        m, k, n = (max(self.plan["gemm_shapes"], key=lambda s: s["m"] * s["k"] * s["n"])[x]
-                   for x in ("m", "k", "n"))
+        largest = max(self.plan["gemm_shapes"], key=lambda s: s["m"] * s["k"] * s["n"])
+        m, k, n = largest["m"], largest["k"], largest["n"]
         for dtype_name in self.plan["dtypes"]:
             burst = next((g for g in gemm if g["dtype"] == dtype_name and g["m"] == m
                           and g["k"] == k and g["n"] == n and g.get("time_s")), None)
