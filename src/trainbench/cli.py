@@ -10,7 +10,7 @@ import importlib
 import math
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -103,6 +103,20 @@ def _resolve_model(workload: str, size: str):
         fail(str(err))
 
 
+def _shaped_model(model, settings: List[str]):
+    """`show --set`: the model cut by layers=N or pattern=... (other keys shape a run)."""
+    from .plan import PlanError, parse_overrides, shape_model
+    try:
+        overrides = parse_overrides(settings)
+        other = sorted(set(overrides) - {"layers", "pattern"})
+        if other:
+            fail(f"show --set takes layers and pattern (the model's shape), not "
+                 f"{', '.join(other)}; `trainbench run --dry-run` or `predict` show a layout")
+        return shape_model(model, overrides.get("layers"), overrides.get("pattern"))
+    except PlanError as err:
+        fail(err.problems[0])
+
+
 @app.command()
 def show(
     workload: str = WORKLOAD_OPT,
@@ -111,6 +125,8 @@ def show(
     scale: Optional[int] = typer.Option(None, "--scale", envvar="JOB_TOTAL_GPUS",
                                         help="Number of ranks (GPUs)."),
     gpu: str = typer.Option("h100", "--gpu", help="GPU type for the recipe and the reference."),
+    settings: List[str] = typer.Option([], "--set", help="'layers=N' (a hybrid keeps its "
+                                       "pattern's mix) or 'pattern=M-*M-': the cut model."),
 ):
     """Architecture, parameter count, FLOPs per sequence, recipe rows and references."""
     from rich.table import Table
@@ -134,7 +150,10 @@ def show(
              + ", ".join(map(str, scales)))
     # The 405B proxies' depth depends on the scale: show the rows' depth when it is one.
     depths = sorted({r.layers for r in rows})
-    if not model.is_hybrid and len(depths) == 1 and depths[0] != model.layers:
+    catalog_model = model  # the published references ran it whole
+    if settings:
+        model = _shaped_model(model, settings)
+    elif not model.is_hybrid and len(depths) == 1 and depths[0] != model.layers:
         model = model.with_layers(depths[0])
     out = console()
     arch = Table(title=f"{model.name} ({workload} {size})", show_header=False)
@@ -154,6 +173,11 @@ def show(
                    "v_head_dim"]
     for f in fields:
         arch.add_row(f, str(getattr(model, f)))
+    if model.is_hybrid:
+        counts = model.layer_counts()
+        arch.add_row("layers by kind", f"{counts['mamba']} M (Mamba-2), {counts['attention']} * "
+                     f"(attention), {counts['mlp']} - (MLP); --set layers=N keeps N in this "
+                     "mix, --set pattern=... gives any other")
     if len(depths) > 1 and not model.is_hybrid:
         by_scale = ", ".join(f"{r.layers} at {r.gpus} GPUs" for r in
                              sorted({(r.gpus, r.layers): r for r in rows}.values(),
@@ -196,7 +220,8 @@ def show(
             ref_table.add_column(col)
         for ref in refs:
             row = recipes.find_row(workload, size, ref.dtype, ref.gpus, "h100")
-            spec = model.with_layers(row.layers) if not model.is_hybrid else model
+            spec = (catalog_model.with_layers(row.layers) if not catalog_model.is_hybrid
+                    else catalog_model)
             f = fl.flops_per_sequence(spec, row.seq_len)
             peak = hardware.GPUS["h100"].peak(ref.dtype)
             recomputed = metrics.mfu(row.gbs, f, ref.step_time_s, ref.gpus, peak)

@@ -241,7 +241,7 @@ CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_REC
                "reduce_dtype": ("fp32", "bf16"), "cp_impl": ("allgather", "ring"),
                "dp_sharding": ("full", "gradients", "optimizer")}
 BOOL_KEYS = ("compile", "fsdp_prefetch", "async_tp")
-TEXT_KEYS = ("pp_split",)
+TEXT_KEYS = ("pp_split", "pattern")
 SETTABLE = INT_KEYS + FLOAT_KEYS + tuple(CHOICE_KEYS) + BOOL_KEYS + TEXT_KEYS
 # Bounds that keep a typo (an extra zero or three) from becoming a run that never ends or
 # an allocation that never fits: no benchmark needs more.
@@ -296,6 +296,33 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
 
 
 # --- building ---------------------------------------------------------------------------
+
+def shape_model(model: ModelSpec, layers: int | None = None,
+                pattern: str | None = None) -> ModelSpec:
+    """The model with `--set layers=N` or `--set pattern=...` applied; PlanError (one
+    line) for a pattern of unknown layer kinds, on a model without one, longer than the
+    model's own when cut by layers=N, or disagreeing with layers=N."""
+    if pattern is not None:
+        if not model.is_hybrid:
+            raise PlanError([f"--set pattern: {model.name} has no layer pattern (only hybrid "
+                             "models such as Nemotron-H have one); use --set layers=N"])
+        if layers is not None and layers != len(pattern):
+            raise PlanError([f"--set layers={layers} and pattern={pattern} ({len(pattern)} "
+                             "layers) disagree; give one of them"])
+        try:
+            return model.with_pattern(pattern)
+        except ValueError as err:
+            raise PlanError([f"--set pattern={pattern}: {err}"]) from None
+    if layers is None:
+        return model
+    if layers < 1:
+        raise PlanError([f"--set layers={layers}: a model needs at least 1 layer"])
+    if model.is_hybrid and layers > len(model.pattern):
+        raise PlanError([f"--set layers={layers}: {model.name}'s pattern has "
+                         f"{len(model.pattern)} layers, and layers=N keeps at most that many "
+                         "in its mix of kinds; --set pattern=... gives any other pattern"])
+    return model.with_layers(layers)
+
 
 def pipeline_layers(model: ModelSpec) -> int:
     return len(model.pattern) if model.is_hybrid else model.layers
@@ -409,11 +436,8 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         row = min(rows, key=lambda r: abs(r.gpus - scale))
         row = replace(row, gpus=scale, note=f"layout from --set (no recipe row at scale {scale})")
 
-    if "layers" in overrides:
-        layers = overrides.pop("layers")
-        if model.is_hybrid:
-            raise PlanError(["--set layers: a hybrid model's depth is its pattern"])
-        model = model.with_layers(layers)
+    if "layers" in overrides or "pattern" in overrides:
+        model = shape_model(model, overrides.pop("layers", None), overrides.pop("pattern", None))
     elif not model.is_hybrid and row.layers != model.layers:
         model = model.with_layers(row.layers)  # the 405B proxies
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from .hybrid import cut_pattern, pattern_problem
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -122,10 +124,22 @@ class ModelSpec:
         return {"mamba": 0, "attention": self.layers, "mlp": self.layers, "block": self.layers}
 
     def with_layers(self, layers: int) -> "ModelSpec":
-        """The same width with fewer (or more) layers: the seed's 405B proxies."""
+        """The same width with fewer (or more) layers: the seed's 405B proxies. A hybrid
+        keeps `layers` of its pattern's layers in the pattern's mix of kinds
+        (hybrid.cut_pattern); ValueError beyond the pattern's length."""
         if self.is_hybrid:
-            raise ValueError("a hybrid model's depth is its pattern; change the pattern instead")
+            return self.with_pattern(cut_pattern(self.pattern, layers))
         return replace(self, layers=layers)
+
+    def with_pattern(self, pattern: str) -> "ModelSpec":
+        """The same width with another layer pattern (hybrids only); ValueError for a
+        character that is no layer kind."""
+        if not self.is_hybrid:
+            raise ValueError(f"{self.name} has no layer pattern; only hybrid models have one")
+        problem = pattern_problem(pattern)
+        if problem:
+            raise ValueError(problem)
+        return replace(self, pattern=pattern, layers=len(pattern))
 
     def to_dict(self) -> dict:
         return asdict(self)

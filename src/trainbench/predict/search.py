@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from ..catalog import hardware
 from ..catalog.models import get_model
-from ..plan import CHOICE_KEYS, Plan, PlanError, build_plan, layers_split_ok, pipeline_layers
+from ..plan import (CHOICE_KEYS, Plan, PlanError, build_plan, layers_split_ok, pipeline_layers,
+                    shape_model)
 from .context import ENGINE, MegatronRun, make_context
 from .device import GIB
 from .memory import memory_from_context
@@ -116,8 +117,7 @@ def candidate_overrides(workload: str, size: str, scale: int, gpu_type: str,
     each of `dp_shardings` where it differs (not under PP, which gathers once a step
     either way, nor without data or context parallel ranks to shard over)."""
     model = get_model(workload, size)
-    if "layers" in fixed and not model.is_hybrid:
-        model = model.with_layers(int(fixed["layers"]))
+    model = shape_model(model, fixed.get("layers"), fixed.get("pattern"))
     per_node = fixed.get("gpus_per_node")
     if per_node is None and gpu_type != hardware.CPU:
         gpu = hardware.get_gpu(gpu_type)

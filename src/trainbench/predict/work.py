@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import flops as fl
+from ..catalog.hybrid import LAYER_KINDS
 from ..catalog.models import ModelSpec
 from ..pp_split import layer_counts
 
@@ -382,8 +383,7 @@ def block_kinds(m: ModelSpec) -> list[tuple[str, ...]]:
     """The model's pipeline units in order: a transformer block is (attention, mlp); each
     character of a hybrid pattern is one unit."""
     if m.is_hybrid:
-        names = {"M": "mamba", "*": "attention", "-": "mlp"}
-        return [(names[c],) for c in m.pattern]
+        return [(LAYER_KINDS[c],) for c in m.pattern]
     if m.is_moe:
         dense = m.first_dense_layers
         return [("attention", "mlp")] * dense + [("attention", "moe")] * (m.layers - dense)

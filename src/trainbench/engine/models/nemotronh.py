@@ -17,12 +17,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainbench.catalog.hybrid import LAYER_KINDS
 from trainbench.catalog.models import ModelSpec
 from trainbench.engine.models.mamba2 import Mamba2Mixer
 from trainbench.engine.models.transformer import MLP, Attention, build_norm, init_trunk_weights
-
-LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
-"""Pattern character -> the mixer its block holds."""
 
 
 class HybridBlock(nn.Module):
