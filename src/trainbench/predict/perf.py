@@ -20,6 +20,7 @@ from .comm import (all_gather_s, all_reduce_s, crosses_domains, moe_dispatch_s, 
 from .constants import Constants
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, MegatronRun, make_context
 from .device import Device
+from .fp8_cost import layer_cast_bytes
 from .memory import MemoryPrediction, memory_from_context
 from .work import LayerWork, Linear
 
@@ -107,7 +108,7 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     # smallest side (the head dim) and its kernels' traffic at the memory-bound rate, both
     # from the operation's arithmetic; a measured (probe) or calibrated whole-scan rate,
     # scan_eff > 0, replaces both.
-    hbm = lw.hbm_bytes
+    hbm = lw.hbm_bytes + layer_cast_bytes(lw.linears, ctx)
     if not lw.scan_flops:
         scan = 0.0
     elif c.scan_eff > 0:

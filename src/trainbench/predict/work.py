@@ -16,6 +16,7 @@ from .. import flops as fl
 from ..catalog.hybrid import LAYER_KINDS
 from ..catalog.models import ModelSpec
 from ..pp_split import layer_counts
+from .moe_cost import padded_rows, permutation_bytes, router_bytes
 
 KINDS = ("attention", "mlp", "moe", "mamba", "embedding", "head")
 
@@ -57,8 +58,8 @@ class LayerWork:
     """HBM traffic of the SSD scan's kernels, forward + backward (ssd_scan_bytes); charged
     apart from hbm_bytes so that a measured scan rate (probe) can replace both."""
     hbm_bytes: float = 0.0
-    """Traffic of memory-bound kernels (norms, activation functions, residual adds, RoPE,
-    FP8 casts), forward + backward."""
+    """Traffic of memory-bound kernels (norms, activation functions, residual adds, RoPE),
+    forward + backward; FP8 casts are charged from `linears` (predict.fp8_cost)."""
     act_bytes: float = 0.0
     """Activations kept from the forward for the backward (no recomputation)."""
     input_bytes: float = 0.0
@@ -102,10 +103,10 @@ class Shape:
     fp8: bool
     ep: int = 1
     engine: bool = False
-    """trainbench's engine rather than the recipe's Megatron-LM, where they differ: under
-    sequence parallelism (DTensor) a column-parallel linear keeps its all-gathered,
-    whole-sequence input for the backward (Megatron keeps the shard and gathers it
-    again); an MoE layer's shared expert runs whole on each TP rank's tokens/tp
+    """trainbench's engine rather than the recipe's Megatron-LM, where they differ: the
+    output head keeps its all-gathered, whole-sequence input under sequence parallelism
+    (every other column-parallel linear keeps the shard and gathers it again, as
+    Megatron does); an MoE layer's shared expert runs whole on each TP rank's tokens/tp
     (Megatron splits it over TP on the gathered sequence); the all-gather CP keeps the whole sequence's
     keys and values; torchao's float8 linear keeps its bf16 input; and the loss is cut
     into chunks (logits_bytes)."""
@@ -157,14 +158,6 @@ def mamba_linears(m: ModelSpec, sh: Shape) -> tuple[Linear, ...]:
             Linear("out_proj", sh.tokens, d_inner // sh.tp, m.hidden, sh.fp8))
 
 
-def fp8_cast_bytes(linears: tuple[Linear, ...], tokens: int) -> float:
-    """FP8 quantisation traffic per linear: the input cast in the forward (read 2 B, write
-    1 B), the output-gradient cast and both transposes for the weight gradient in the
-    backward (Transformer Engine's FP8 recipe, Micikevicius et al. 2022): ~5 B per element
-    of input and output."""
-    return sum(5.0 * (lin.k + lin.n) * tokens for lin in linears if lin.fp8)
-
-
 def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
     """Work of one layer of a kind ('attention', 'mlp', 'mamba', 'embedding', 'head')."""
     t, tok, b = sh.tp, sh.tokens, sh.act_bytes
@@ -177,11 +170,13 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
     # torchao's float8 linear (the engine's) keeps the high-precision input and casts it
     # again in the backward (matmul_with_hp_or_float8_args saves input_hp).
     gb = 1 if sh.fp8 and not sh.engine else b
-    # Layer input and norm output, kept on tokens/tp (Megatron gathers the norm output again
-    # for the weight gradient: four all-gathers and reduce-scatters per transformer layer);
-    # the engine keeps the gathered output, on every token.
-    gathered = tok if sh.engine else tok / t
-    norm_saved = h * (tok / t * b + gathered * gb)
+    # Layer input and norm output, kept on tokens/tp: Megatron gathers the norm output again
+    # for the weight gradient (four all-gathers and reduce-scatters per transformer layer),
+    # and so does the engine (engine/parallel/tp.py, GatherSequence).
+    norm_saved = h * (tok / t * b + tok / t * gb)
+    # The output head's column-parallel linear gathers its own input and keeps it whole
+    # in the engine (DTensor's ColwiseParallel).
+    head_gathered = tok if sh.engine else tok / t
     input_bytes = h * tok / t * b
     gather = float(tok * h * b)  # one sequence-parallel all-gather of the layer input
 
@@ -193,7 +188,7 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         gemm = sum(x.flops for x in lins)
         q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
         rope = 4.0 * (q + kv) * tok / t if m.position_embedding == "rope" else 0.0
-        hbm = (norm_residual + rope) * b + fp8_cast_bytes(lins, tok)
+        hbm = (norm_residual + rope) * b
         # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
         attn_out = (q * tok / t) * b + m.heads / t * tok * 4
         act = norm_saved + (q + 2 * kv) * tok / t * b + attn_out
@@ -224,7 +219,7 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         # SwiGLU reads gate and up and writes the product forward (3 f), and reads both and
         # the gradient and writes two gradients backward (5 f); squared ReLU: 2 f and 3 f.
         act_fn = (8.0 if m.mlp == "swiglu" else 5.0) * f * tok
-        hbm = (norm_residual + act_fn) * b + fp8_cast_bytes(lins, tok)
+        hbm = (norm_residual + act_fn) * b
         # Kept: gate and up (SwiGLU) or the pre-activation (squared ReLU), and the
         # activation's output, the down projection's input.
         kept = ((2.0 if m.mlp == "swiglu" else 1.0) * b + gb) * f * tok
@@ -243,21 +238,24 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         f, E, ep = m.moe_ffn, m.n_routed_experts, max(sh.ep, 1)
         mine = tok / t
         rows = mine * m.top_k
-        per_expert = max(1, round(rows * ep / E))
+        # Each local expert's GEMM runs its rows, padded to 16 in FP8 (moe_cost).
+        per_expert = padded_rows(rows * ep / E, sh.fp8)
+        run_rows = per_expert * (E // ep) if sh.fp8 else int(rows)
         lins = [Linear("router", int(mine), h, E, False),
-                Linear("experts_up", int(rows), h, 2 * f, sh.fp8, group_m=per_expert),
-                Linear("experts_down", int(rows), f, h, sh.fp8, group_m=per_expert)]
+                Linear("experts_up", run_rows, h, 2 * f, sh.fp8, group_m=per_expert),
+                Linear("experts_down", run_rows, f, h, sh.fp8, group_m=per_expert)]
         fs = f * m.n_shared_experts
         shared_split = 1 if sh.engine else t
         if m.n_shared_experts:
             shared_tok = int(mine) if sh.engine else tok
             lins += [Linear("shared_up", shared_tok, h, 2 * fs // shared_split, sh.fp8),
                      Linear("shared_down", shared_tok, fs // shared_split, h, sh.fp8)]
-        # The permuted copy of each row per expert, gathered and scattered back forward and
-        # backward, plus SwiGLU's traffic as in 'mlp' (routed and shared rows; the shared
-        # expert's rows count tokens/tp at its whole width).
+        # SwiGLU's traffic as in 'mlp' (routed and shared rows; the shared expert's rows
+        # count tokens/tp at its whole width), the router's softmax and top-k, and the
+        # permutation of the routed rows to their experts and back (moe_cost).
         shared_rows = tok / t * m.n_shared_experts
-        hbm = (norm_residual + 8.0 * f * (rows + shared_rows) + 4.0 * h * rows) * b
+        hbm = ((norm_residual + 8.0 * f * (rows + shared_rows)) * b + router_bytes(mine, E)
+               + permutation_bytes(mine, rows, h, b, E // ep, ep))
         kept = ((2.0 * b + gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
         # The norm's input and output stay on the rank's tokens: nothing gathers them.
         moe_norm_saved = h * tok / t * (b + gb)
@@ -277,7 +275,6 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         # RMSNorm over d_inner (y in, out forward; y, dout in, dy out backward: 5 d_inner;
         # the gate z is applied inside the scan, ssd_scan_bytes).
         hbm = (norm_residual + 8.0 * conv_ch * tok + 5.0 * d_inner * tok) * b
-        hbm += fp8_cast_bytes(lins, tok)
         # Kept: in_proj output (z, xBC, dt) and the scan output y; the memory-efficient path
         # (mamba_split_conv1d_scan_combined, which Megatron-LM trains with) recomputes the
         # convolution and the gated norm in the backward. Plus fp32 dt and dA per head.
@@ -306,7 +303,7 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         hbm = per_logit * logits + 5.0 * h * tok / t * b
         params = m.vocab_size * h / t + (2 * h if m.norm == "layernorm1p" else h)
         # The final norm's input and output (the head stays in BF16).
-        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=h * (tok / t + gathered) * b,
+        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=h * (tok / t + head_gathered) * b,
                          params=params, input_bytes=input_bytes,
                          tp_gather_bytes=(gather,) if t > 1 else ())
     raise ValueError(f"unknown layer kind {kind!r}; kinds: {', '.join(KINDS)}")

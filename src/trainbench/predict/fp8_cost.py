@@ -1,0 +1,171 @@
+"""FP8 quantisation traffic, counted from the casts each framework runs. Pure Python.
+
+An FP8 linear multiplies FP8 copies of its operands: every high-precision tensor that
+enters one of its three GEMMs (forward, input gradient, weight gradient) is read, its
+scale found (an amax reduction) and an FP8 copy written, once in the layout each GEMM
+needs. What that costs depends on who does it; the bytes below, at the memory-bound rate
+(perf.layer_time), are the cost: nothing here is fitted.
+
+torchao's float8 training (the engine; torchao 0.18, float8/float8_linear.py,
+`matmul_with_hp_or_float8_args`): the forward casts the input (GemmInputRole.INPUT) and
+the weight; the backward casts the output gradient twice (dim 0 for the input gradient,
+dim 1, a column-major copy, for the weight gradient), the weight again (for the input
+gradient) and the saved bf16 input again (dim 1, for the weight gradient). With
+`tensorwise` scaling every cast of one tensor shares its one scale, so inside a compiled
+block (AOTAutograd's joint graph) one amax pass serves all its casts: per element
+b (amax) + (b + 1) per cast, b bytes per high-precision element. With `rowwise` scaling
+the dim-0 and dim-1 casts reduce along different axes: an amax pass per cast.
+FSDP2's float8 all-gather (torchao float8/fsdp_utils.py,
+WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather) casts the weight shard with the
+scale `precompute_float8_dynamic_scale_for_fsdp` found after the optimizer step (one amax
+pass a step) and gathers FP8: the linear then receives an FP8 weight and casts none.
+
+Transformer Engine under Megatron-LM (the published recipes):
+- LayerNormLinear (QKV, the MLP's first linear, Mamba's in_proj) quantises inside the
+  norm kernel (transformer_engine/pytorch/module/layernorm_linear.py, `with_quantized_norm`,
+  the norm called with the input quantizer in rowwise and columnwise usage): the norm
+  writes FP8 instead of bf16, nothing extra to read (te_norm_fused_bytes);
+- every other FP8 input and every output gradient goes through one cast-transpose kernel
+  (transformer_engine/common/transpose/cast_transpose): read b, write the FP8 copy and its
+  transpose (2 B). Delayed scaling takes the scale from the amax history, recorded by the
+  same kernel; current scaling needs an amax pass first (b more). MXFP8 (Blackwell)
+  scales blocks of 32 inside the kernel: 2 x (1 + 1/32) B written;
+- weights are cast (with their transpose) on a step's first microbatch and reused by the
+  others (Megatron-LM megatron/core/extensions/transformer_engine.py, TELinear.forward
+  passes `is_first_microbatch`; TE keeps the FP8 weight cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TORCHAO = "torchao"
+TE = "te"
+
+NORM_FUSED = frozenset({"qkv", "up", "in_proj"})
+"""Linears Megatron-LM builds as TE LayerNormLinear: the norm before them writes FP8."""
+
+MX_BLOCK = 32
+"""Elements sharing one MXFP8 scale (one E8M0 byte)."""
+
+EAGER_FLOAT8_CAST_BYTES = 27.0
+"""Bytes per element of torchao's cast of a bf16 weight shard before FSDP2's float8
+all-gather. It runs in FSDP's pre-forward hook, outside the compiled blocks, so eager:
+torchao 0.18 float8_training_tensor._ToFloat8ConstrFunc.forward writes
+`tensor.to(torch.float32) * scale` (read 2, write 4; read 4, write 4), then
+float8_utils.to_fp8_saturated clamps (read 4, write 4; torch 2.11 and older, which the
+project's H100 ran) and casts (read 4, write 1)."""
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """Who casts and how it scales: framework TORCHAO or TE; scaling 'tensorwise' or
+    'rowwise' (torchao), 'delayed', 'current' or 'mxfp8' (TE)."""
+    framework: str
+    scaling: str
+
+    @property
+    def shared_amax(self) -> bool:
+        """One amax pass serves every cast of a tensor (torchao tensorwise, compiled)."""
+        return self.framework == TORCHAO and self.scaling == "tensorwise"
+
+
+def torchao_tensor_bytes(casts: int, b: int, recipe: Fp8Recipe) -> float:
+    """Bytes per element of one bf16 tensor torchao casts `casts` times: an amax pass
+    (b) per cast, or one for all under shared (tensorwise) scaling, and each cast reading
+    b and writing 1; MXFP8 finds each block's scale inside the cast and writes it."""
+    if recipe.scaling == "mxfp8":
+        return casts * (b + 1 + 1 / MX_BLOCK)
+    amax_passes = 1 if recipe.shared_amax else casts
+    return amax_passes * b + casts * (b + 1)
+
+
+def te_cast_transpose_bytes(scaling: str, b: int) -> float:
+    """Bytes per element of one TE cast-transpose: read b, write the FP8 copy and its
+    transpose (with MXFP8 their block scales); current scaling's amax pass first."""
+    if scaling == "mxfp8":
+        return b + 2 * (1 + 1 / MX_BLOCK)
+    return b + 2 + (b if scaling == "current" else 0)
+
+
+def recipe_for(dtype: str, engine: bool, fp8_recipe: str) -> Fp8Recipe:
+    """The engine casts through torchao with the plan's scaling; a Megatron-LM run through
+    TE, with MXFP8 for `mxfp8` and delayed scaling (NeMo's and Megatron-Bridge's default
+    FP8 recipe on Hopper) for `fp8`."""
+    if engine:
+        return Fp8Recipe(TORCHAO, "mxfp8" if dtype == "mxfp8" else fp8_recipe)
+    return Fp8Recipe(TE, "mxfp8" if dtype == "mxfp8" else "delayed")
+
+
+def activation_bytes(name: str, m: int, k: int, n: int, recipe: Fp8Recipe, b: int) -> float:
+    """Cast traffic of one FP8 linear's input (m x k) and output gradient (m x n), one
+    microbatch, forward + backward."""
+    if recipe.framework == TORCHAO:
+        # Input: forward cast and the backward's dim-1 cast; output gradient: dim 0 and dim 1.
+        per = torchao_tensor_bytes(2, b, recipe)
+        return per * m * (k + n)
+    cast = te_cast_transpose_bytes(recipe.scaling, b)
+    into = te_norm_fused_bytes(recipe.scaling, b) if name in NORM_FUSED else cast
+    return into * m * k + cast * m * n
+
+
+def te_norm_fused_bytes(scaling: str, b: int) -> float:
+    """Bytes per element beyond the norm's own (counted as a bf16 write in work.py) when
+    TE's norm writes the FP8 input: the FP8 copy (1 B) in place of the bf16 one (b), and
+    the transpose the weight gradient reads, a separate kernel (read 1, write 1) for
+    tensor scaling; MXFP8's norm writes both copies and their block scales itself."""
+    if scaling == "mxfp8":
+        return 2 * (1 + 1 / MX_BLOCK) - b
+    return 1 - b + 2
+
+
+def weight_bytes(k: int, n: int, recipe: Fp8Recipe, b: int, *, microbatches: int,
+                 fsdp_float8_gathers: int = 0, fsdp_shard: int = 1) -> float:
+    """Cast traffic of one FP8 linear's weight (k x n on this GPU), per microbatch.
+
+    torchao without the float8 all-gather: cast in the forward and again in the backward,
+    every microbatch, inside the compiled block. With it (`fsdp_float8_gathers` > 0
+    gathers a microbatch): each gather casts the 1/fsdp_shard shard eagerly
+    (EAGER_FLOAT8_CAST_BYTES), and one amax pass over the shard a step. TE: one
+    cast-transpose a step, shared by the step's microbatches."""
+    elems = k * n
+    if recipe.framework == TORCHAO:
+        if fsdp_float8_gathers:
+            per_mb = fsdp_float8_gathers * EAGER_FLOAT8_CAST_BYTES + b / microbatches
+            return per_mb * elems / fsdp_shard
+        return torchao_tensor_bytes(2, b, recipe) * elems
+    return te_cast_transpose_bytes(recipe.scaling, b) * elems / microbatches
+
+
+def fsdp_float8_gathers(ctx) -> float:
+    """FP8 all-gathers of each weight per microbatch under the engine's FSDP2 (torchao
+    casts before them with tensorwise scaling only; engine/parallel/float8.py): a forward
+    and a backward gather, or one a step when the plan keeps weights gathered; 0 where
+    the weights reach the linear in bf16."""
+    plan = ctx.plan
+    if not (ctx.shape.engine and plan.dtype == "fp8" and plan.fp8_recipe == "tensorwise"):
+        return 0.0
+    return 1 / ctx.microbatches if plan.weights_kept_gathered else 2.0
+
+
+def layer_cast_bytes(linears, ctx) -> float:
+    """FP8 cast traffic of one layer's linears, one microbatch on one GPU (0 in a bf16
+    plan and for the linears every recipe keeps in bf16: the head, the router)."""
+    plan, sh = ctx.plan, ctx.shape
+    if not sh.fp8:
+        return 0.0
+    recipe = recipe_for(plan.dtype, sh.engine, plan.fp8_recipe)
+    gathers = fsdp_float8_gathers(ctx)
+    b = sh.act_bytes
+    total = 0.0
+    for lin in linears:
+        if not lin.fp8:
+            continue
+        total += activation_bytes(lin.name, lin.m, lin.k, lin.n, recipe, b)
+        # A grouped linear's k x n is one expert's: this GPU holds m / group_m of them.
+        experts = max(1, round(lin.m / lin.group_m)) if lin.group_m else 1
+        total += experts * weight_bytes(
+            lin.k, lin.n, recipe, b, microbatches=ctx.microbatches,
+            fsdp_float8_gathers=gathers, fsdp_shard=ctx.groups.fsdp.size)
+    return total
+

@@ -1,0 +1,60 @@
+"""MoE costs beyond the expert GEMMs' FLOPs, counted from what the dispatchers run. Pure
+Python.
+
+- Grouped GEMM rows: each expert's rows form one GEMM of the group, whose efficiency is
+  the dense GEMM fall-off at that row count (perf.gemm_efficiency reads Linear.group_m).
+  FP8 grouped GEMMs need every group's rows a multiple of 16: Megatron-LM pads them
+  (megatron/core/transformer/moe/experts.py, TEGroupedMLP's `Fp8Padding` under
+  `config.fp8`), and the engine asks torchao for the same
+  (`pad_token_groups_for_grouped_mm=True`, engine/parallel/float8.py). The padded rows
+  are computed like any other.
+- The router: a bf16 GEMM (work.py's `router` linear), then softmax (or sigmoid) and
+  top-k over fp32 logits per token, forward and backward (ROUTER_BYTES_PER_LOGIT).
+- Permutation: Megatron-LM's alltoall/flex token dispatcher
+  (megatron/core/transformer/moe/token_dispatcher.py) permutes the routed copies of each
+  token into expert order before the all-to-all (`permute`: read and write a row per
+  copy), sorts the received chunks by local expert when the rank holds several
+  (`sort_chunks_by_idxs`: read and write), undoes both after the experts, and
+  `unpermute` weighs each copy by its routing probability and sums the copies back into
+  the token (read a row per copy, write one per token). The backward moves the same
+  bytes. The engine's expert parallelism (engine/parallel/ep.py) gathers rows by expert
+  and scatters them back the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+FP8_GROUP_ROWS = 16
+"""Rows each expert's FP8 GEMM group is padded to a multiple of."""
+
+ROUTER_BYTES_PER_LOGIT = 28.0
+"""fp32 router traffic per token and expert, forward + backward: the logits cast from
+the GEMM's bf16 output (read 2, write 4), softmax (read 4, write 4), top-k (read 4); the
+backward reads the probabilities and their gradient and writes the logits' gradient
+(12). Load-balancing losses add passes over the same logits, not counted."""
+
+
+def padded_rows(rows_per_expert: float, fp8: bool) -> int:
+    """Rows of one expert's GEMM as it runs: rounded up to FP8_GROUP_ROWS in FP8."""
+    if not fp8:
+        return max(1, round(rows_per_expert))
+    return FP8_GROUP_ROWS * max(1, math.ceil(rows_per_expert / FP8_GROUP_ROWS))
+
+
+def router_bytes(tokens: float, experts: int) -> float:
+    """Router softmax/top-k traffic of `tokens` tokens over `experts` experts."""
+    return ROUTER_BYTES_PER_LOGIT * tokens * experts
+
+
+def permutation_bytes(tokens: float, rows: float, hidden: int, b: int,
+                      local_experts: int, ep: int) -> float:
+    """Bytes of permuting `rows` routed copies of `tokens` tokens (hidden wide, b bytes per
+    element) to their experts and back, forward + backward: permute and unpermute's rows
+    (read and write each copy, then read each copy and write each token), and the sort by
+    local expert and its undoing when expert parallelism hands a rank several experts'
+    chunks."""
+    per_pass = 2 * rows + (rows + tokens)  # permute; unpermute
+    if ep > 1 and local_experts > 1:
+        per_pass += 2 * 2 * rows  # sort_chunks_by_idxs, then its inverse
+    return 2 * per_pass * hidden * b
