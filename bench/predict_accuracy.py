@@ -44,6 +44,7 @@ from trainbench.predict import calibrate
 from trainbench.predict.constants import Constants, default_constants, transfer_constants
 from trainbench.predict.context import MegatronRun
 from trainbench.predict.perf import predict_step
+from trainbench.predict.project_runs import PROJECT_RUNS, group_errors
 from trainbench.predict.published import published_plan
 
 # The published runs shard with Megatron's distributed optimizer, or Megatron FSDP where a
@@ -376,11 +377,12 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
     runs = seed_runs()
     full, _, _ = refit(runs, sweeps=sweeps)
     in_sample = run_errors(runs, full)
-    lowo, per_workload = [], {}
+    lowo, per_workload, lowo_pairs = [], {}, []
     for workload in sorted({r.source for r in runs}):
         c, _, held = refit(runs, lambda r, w=workload: r.source == w, sweeps=sweeps)
         errs = run_errors(held, c)
         lowo += errs
+        lowo_pairs += [(seed_group(r), e) for r, e in zip(held, errs)]
         per_workload[workload] = {"cells": len(held), "mean_abs_error_pct": _mean_abs_pct(errs)}
     logo = {}
     for gpu in sorted({r.plan.gpu_type for r in runs}):
@@ -428,9 +430,74 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
                      "release_spread": release_spread()},
         "memory": memory_verdicts(full),
         "moe_fitted_constants": predict_moe(full),
+        "groups": accuracy_by_group([(seed_group(r), e) for r, e in zip(runs, in_sample)],
+                                    lowo_pairs, held_rows, predict_moe(full), full),
         "fitted_constants": full.to_dict(),
         "sweeps": sweeps,
     }
+
+
+def seed_group(run: calibrate.MeasuredRun) -> str:
+    return f"seed cells {run.plan.gpu_type} dense {run.plan.dtype}"
+
+
+def predict_project(constants: Constants | None) -> list[dict]:
+    """The project's own GPU runs (predict.project_runs), predicted as the engine runs them."""
+    out = []
+    for run in PROJECT_RUNS:
+        plan = build_plan("pretrain_llama3.1", "8b", run.dtype, 1, "h100",
+                          overrides=run.overrides)
+        pred = predict_step(plan, sharding="engine", constants=constants)
+        out.append({"row": run.name, "measured_s": run.step_time_s,
+                    "predicted_s": pred.step_time_s,
+                    "error_pct": 100 * (pred.step_time_s / run.step_time_s - 1)})
+    return out
+
+
+def accuracy_by_group(in_pairs, out_pairs, held_rows, moe_rows, fitted: Constants) -> dict:
+    """Mean and max |error| per group, in-sample (constants fitted on the seed cells, the
+    group among them) and held out (fitted without the group: a seed cell under the
+    constants fitted without its workload; every other group under the constants fitted
+    on the seed cells alone, which never saw it)."""
+    held = [(f"published dense {r['gpu']} {r['row'].split()[2]}", r["error_pct"] / 100)
+            for r in held_rows]
+    moe = [(f"published MoE {r['gpu']}", r["error_pct"] / 100) for r in moe_rows]
+    default = {r["row"]: r for r in predict_project(None)}
+    project = [(f"project run: {r['row']}", r["error_pct"] / 100)
+               for r in predict_project(fitted)]
+    ins, outs = group_errors(in_pairs), group_errors(out_pairs + held + moe + project)
+    groups = []
+    for name, g in outs.items():
+        entry = {"group": name, "n": len(g.errors), "held_out_mean_pct": g.mean_abs_pct,
+                 "held_out_max_pct": g.max_abs_pct}
+        if name in ins:
+            entry.update(in_sample_mean_pct=ins[name].mean_abs_pct,
+                         in_sample_max_pct=ins[name].max_abs_pct)
+        if name.startswith("project run: "):
+            entry["default_constants_error_pct"] = default[name[13:]]["error_pct"]
+        groups.append(entry)
+    target = ([e for _, e in project] + [e for n, e in held if " h100 " not in n + " "]
+              + [e for _, e in moe])
+    return {"groups": groups, "target_rows": len(target),
+            "target_mean_pct": 100 * statistics.fmean(abs(e) for e in target)}
+
+
+def print_groups(acc: dict) -> None:
+    print("\nAccuracy by group, mean / max |error|: in-sample under the constants fitted on "
+          "all seed cells; held out under constants fitted without the group (seed cells: "
+          "without their workload; all else: the seed-fitted constants, which never saw it)")
+    for g in acc["groups"]:
+        ins = (f"{g['in_sample_mean_pct']:5.1f} / {g['in_sample_max_pct']:5.1f}%"
+               if "in_sample_mean_pct" in g else "      -        ")
+        extra = (f"  (predict's default constants {g['default_constants_error_pct']:+.1f}%)"
+                 if "default_constants_error_pct" in g else "")
+        print(f"  {g['group'][:86]:86} {g['n']:3d}  in-sample {ins}  held out "
+              f"{g['held_out_mean_pct']:5.1f} / {g['held_out_max_pct']:5.1f}%{extra}")
+    over = [g["group"] for g in acc["groups"] if g["held_out_mean_pct"] > 15]
+    print(f"  the issue's target set (the project's runs, dense rows of GPU types the seeds "
+          f"never measured, MoE rows): {acc['target_rows']} rows, mean |error| "
+          f"{acc['target_mean_pct']:.1f}%; groups above 15% held out: "
+          + (", ".join(over) if over else "none"))
 
 
 def print_splits(acc: dict) -> None:
@@ -516,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         print_splits(acc)
         print_memory(acc["memory"])
         print_moe(acc["moe_fitted_constants"], "constants fitted on the dense seed cells")
+        print_groups(acc["groups"])
     return 0
 
 
