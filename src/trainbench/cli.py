@@ -301,7 +301,7 @@ def flops(
 # Commands that live with their subsystem register themselves here, each importing
 # its heavy dependencies lazily.
 COMMAND_MODULES = ("launch.run_cli", "results.cli", "predict.cli", "launch.slurm_cli",
-                   "check.cli", "probe.cli", "results.compare_cli")
+                   "check.cli", "probe.cli", "results.compare_cli", "accept.cli")
 for _module in COMMAND_MODULES:
     importlib.import_module(f"trainbench.{_module}").register(app)
 

@@ -1,0 +1,60 @@
+"""A row's plan, checked before it launches, and predict's figures for it. No torch.
+
+The plan is built exactly as `trainbench run` builds it from the same options, so what
+predict describes is what runs. On a GPU a real-width proxy that does not plan here (an
+option this trainbench lacks, a dtype without a recipe) or that predict says does not
+fit the GPU falls back to the family's tiny size, and the row says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..plan import Plan, PlanError, build_plan, parse_overrides
+from ..predict.context import ENGINE
+from ..predict.memory import predict_memory
+from ..predict.perf import predict_step
+from .rows import SINGLE_RANK, Row
+
+
+def plan_of(row: Row, gpu_key: str) -> Plan:
+    """The plan `trainbench run` makes of the row here; PlanError when it makes none."""
+    return build_plan(row.workload, row.size, row.dtype, 1, gpu_key,
+                      overrides=parse_overrides([row.settings] if row.settings else []))
+
+
+def resolve(row: Row, gpu_key: str) -> tuple[Row, Plan | None, str | None]:
+    """The row as it will run, its plan, and the problem when it has none (the row is
+    then reported, not run)."""
+    try:
+        plan = plan_of(row, gpu_key)
+    except PlanError as err:
+        plan, why = None, f"the {row.size} proxy does not plan: {err.problems[0]}"
+    else:
+        memory = predict_memory(plan, sharding=ENGINE)
+        if memory.fits is not False:  # None on a CPU: no memory limit known
+            return row, plan, None
+        why = (f"the {row.size} proxy ({row.shape}) is predicted to need "
+               f"{memory.total_gib:.1f} GiB, more than this GPU holds")
+    if row.size == "tiny":
+        return row, None, why
+    tiny = replace(row, size="tiny", settings=SINGLE_RANK, note=f"tiny size: {why}")
+    try:
+        return tiny, plan_of(tiny, gpu_key), None
+    except PlanError as err:
+        return tiny, None, f"{why}; the tiny size does not plan either: {err.problems[0]}"
+
+
+def predicted(plan: Plan) -> dict:
+    """predict's step time, MFU (published FLOPs) and peak memory for the plan, with
+    trainbench's engine as the sharding. Nothing for a CPU: predict has no step-time
+    model for one (no published peak), and a CPU run's peak memory is its process's
+    resident set, libraries included, which the memory model does not describe."""
+    if plan.device == "cpu":
+        return {"step_s": None, "mfu_pct": None, "memory_gib": None}
+    try:
+        step = predict_step(plan, sharding=ENGINE)
+    except (LookupError, ValueError) as err:
+        return {"step_s": None, "mfu_pct": None, "memory_gib": None, "problem": str(err)}
+    return {"step_s": step.step_time_s, "mfu_pct": 100 * step.mfu,
+            "memory_gib": step.memory.total_gib}
