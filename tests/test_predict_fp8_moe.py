@@ -68,13 +68,13 @@ def test_torchao_weight_cast_per_microbatch_and_under_the_float8_all_gather():
 def _proxy_context(dtype, layers=4, gbs=1):
     plan = build_plan("pretrain_llama3.1", "8b", dtype, 1, "h100",
                       overrides={"layers": layers, "tp": 1, "cp": 1, "pp": 1, "dp": 1,
-                                 "mbs": 1, "gbs": gbs})
+                                 "mbs": 1, "gbs": gbs, "dp_sharding": "full"})
     return plan, make_context(plan, sharding="engine")
 
 
 def test_engine_mlp_casts_on_one_h100_by_hand():
-    # The 8B proxy's MLP as the engine runs FP8 on one GPU (FSDP float8 all-gather, a
-    # forward and a backward gather, one microbatch): gate/up 4096 -> 28672, down
+    # The 8B proxy's MLP as the engine runs FP8 on one GPU (FSDP float8 all-gather, fully
+    # sharded: a forward and a backward gather, one microbatch): gate/up 4096 -> 28672, down
     # 14336 -> 4096, 8192 tokens.
     _, ctx = _proxy_context("fp8")
     acts = 8 * 8192 * ((4096 + 28672) + (14336 + 4096))

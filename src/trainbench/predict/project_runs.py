@@ -35,8 +35,10 @@ class ProjectRun:
 
     @property
     def overrides(self) -> dict:
+        """The plan as it ran: FSDP fully sharded with fp32 gradient reduction, the
+        engine's defaults that day."""
         return {"layers": self.layers, "tp": 1, "cp": 1, "pp": 1, "dp": 1, "mbs": 1,
-                "gbs": self.gbs}
+                "gbs": self.gbs, "dp_sharding": "full", "reduce_dtype": "fp32"}
 
 
 PROJECT_RUNS = (
