@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Every one-GPU check of the README's "On a GPU" section in one call, logs into OUT_DIR:
-# the acceptance bench (bf16, fp8, the Hugging Face loop), the like-for-like FP8 runs, one
-# block's linears in bf16 and FP8, the smoke runs through `trainbench run` on all local
-# GPUs, and a probe of one GPU. About 4 minutes on one H100 (2026-11-26). Each step has
-# its own time limit, so one that hangs does not take the others with it.
+# Every one-GPU check in one call, logs into OUT_DIR. First `trainbench accept` (every
+# family's one-GPU proxy in bf16 and FP8 beside predict, a checkpoint save and resume, a
+# profiled step, a probe: one table in OUT_DIR/accept/acceptance.md), then the benches
+# it does not cover: trainbench against a Hugging Face loop (gpu_mfu.py), the
+# like-for-like FP8 runs, one block's linears in bf16 and FP8, and, with more than one
+# GPU, the smoke runs on all of them. Each step and each acceptance row has its own time
+# limit, so one that hangs does not take the others with it.
 #
 #   bash bench/gpu_checks.sh OUT_DIR        (PYTHONPATH=src, or trainbench installed)
 set -u
@@ -20,9 +22,11 @@ step() {  # step NAME SECONDS COMMAND...: run it, log it, keep going whatever it
   "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   "$py" -c "import torchao; print('torchao', torchao.__version__)" || true
 } > "$out/env.log" 2>&1
+step accept 1500 "$py" -m trainbench.cli accept --out "$out/accept"
 step gpu_mfu 300 "$py" bench/gpu_mfu.py --json "$out/gpu_mfu.json"
 step gpu_mfu_one_rank_fsdp_on 180 "$py" bench/gpu_mfu.py --dtypes bf16,fp8 --no-hf --one-rank-fsdp on
 step gpu_mfu_one_rank_fsdp_off 180 "$py" bench/gpu_mfu.py --dtypes bf16,fp8 --no-hf --one-rank-fsdp off
 step fp8_linear 180 "$py" bench/fp8_linear.py
-step gpu_smoke 400 "$py" bench/gpu_smoke.py --steps 10 --root "$out/smoke"
-step probe 180 "$py" -m trainbench.cli probe --scale 1 --root "$out/probe"
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -gt 1 ]; then
+  step gpu_smoke 400 "$py" bench/gpu_smoke.py --steps 10 --root "$out/smoke"
+fi

@@ -37,7 +37,10 @@ loads in any other with no reordering):
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
+import types
 
 import torch
 import torch.nn.functional as F
@@ -53,10 +56,42 @@ DT_INIT_FLOOR = 1e-4
 A_INIT_RANGE = (1.0, 16.0)
 """A = -exp(A_log) starts as minus a uniform sample of this range (Mamba-2)."""
 
-try:  # The Triton chunk-scan kernel of the `mamba_ssm` package, when installed.
-    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
-except Exception:  # ImportError, or a broken CUDA/Triton install: use the torch scan.
-    mamba_chunk_scan_combined = None
+def load_ssd_kernel():
+    """The Triton chunk-scan kernel of the `mamba_ssm` package, or None (then the torch
+    scan runs).
+
+    The SSD kernels are Python and Triton, but the package's `__init__` imports its
+    CUDA extension (`selective_scan_cuda`, unguarded in mamba-ssm 2.3.2's
+    ops/selective_scan_interface.py), which a wheel built without it
+    (MAMBA_SKIP_CUDA_BUILD=TRUE: the only way to carry mamba-ssm as a wheel, since PyPI
+    has its source alone) lacks. Where that import fails, the package is entered without
+    its `__init__`: a bare module with the package's path stands for it, so only the SSD
+    modules and what they import load. Nothing else in trainbench imports mamba_ssm.
+    """
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as kernel
+        return kernel
+    except Exception:  # not installed, no CUDA extension, or a broken CUDA/Triton install
+        pass
+    try:
+        spec = importlib.util.find_spec("mamba_ssm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = types.ModuleType("mamba_ssm")
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules["mamba_ssm"] = package
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as kernel
+        return kernel
+    except Exception:  # no Triton (a CPU build of torch), or a kernel that fails to load
+        for name in [m for m in sys.modules if m == "mamba_ssm" or m.startswith("mamba_ssm.")]:
+            del sys.modules[name]
+        return None
+
+
+mamba_chunk_scan_combined = load_ssd_kernel()
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
