@@ -21,6 +21,10 @@
      (measured against predicted step-time ratio).
    - memory: every held-out configuration ran, so predict's memory model should let it
      fit, given what its recipe kept in host memory and how it computed the loss.
+   - accuracy by group (docs/predict-accuracy.md): mean and max |error| of the seed cells
+     by dtype (in-sample, and held out by workload), the published dense rows by GPU type
+     and dtype, the MoE rows by GPU type and each of the project's own GPU runs
+     (predict/project_runs.py), the last three under the seed-fitted constants.
 
     .venv/bin/python bench/predict_accuracy.py [--format table|json] [--no-config] [--quick]
 
