@@ -35,13 +35,20 @@ def test_torchao_rowwise_reduces_once_per_cast():
     assert fp8_cost.activation_bytes("qkv", M, K, N, ROWWISE, 2) == expected
 
 
-def test_te_norm_fused_input_costs_only_its_transpose():
+def test_te_norm_fused_input_costs_only_its_transpose_under_delayed_scaling():
     # QKV's input comes out of the norm in FP8 (1 B instead of the bf16 2 B counted with the
     # norm) and a transpose kernel reads and writes 1 B each: +1 B; the output gradient's
     # cast-transpose reads 2 and writes 2.
     assert fp8_cost.activation_bytes("qkv", M, K, N, DELAYED, 2) == 1 * M * K + 4 * M * N
     # The output projection's input (attention's bf16 output) has its own cast-transpose.
     assert fp8_cost.activation_bytes("out", M, K, N, DELAYED, 2) == 4 * M * K + 4 * M * N
+
+
+def test_te_current_scaling_quantises_after_the_norm():
+    # No fused norm: amax (read 2), then cast-transpose (read 2, write 1 + 1) = 6 B for
+    # every input and output gradient, QKV's included.
+    current = fp8_cost.Fp8Recipe(fp8_cost.TE, "current")
+    assert fp8_cost.activation_bytes("qkv", M, K, N, current, 2) == 6 * M * (K + N)
 
 
 def test_te_mxfp8_writes_both_copies_with_a_scale_per_32():

@@ -21,10 +21,10 @@ scale `precompute_float8_dynamic_scale_for_fsdp` found after the optimizer step 
 pass a step) and gathers FP8: the linear then receives an FP8 weight and casts none.
 
 Transformer Engine under Megatron-LM (the published recipes):
-- LayerNormLinear (QKV, the MLP's first linear, Mamba's in_proj) quantises inside the
-  norm kernel (transformer_engine/pytorch/module/layernorm_linear.py, `with_quantized_norm`,
-  the norm called with the input quantizer in rowwise and columnwise usage): the norm
-  writes FP8 instead of bf16, nothing extra to read (te_norm_fused_bytes);
+- LayerNormLinear (QKV, the MLP's first linear, Mamba's in_proj) hands its input
+  quantizer to the norm (transformer_engine/pytorch/module/layernorm_linear.py,
+  `with_quantized_norm`), which fuses the cast under delayed scaling only
+  (te_norm_fused_bytes);
 - every other FP8 input and every output gradient goes through one cast-transpose kernel
   (transformer_engine/common/transpose/cast_transpose): read b, write the FP8 copy and its
   transpose (2 B). Delayed scaling takes the scale from the amax history, recorded by the
@@ -111,12 +111,16 @@ def activation_bytes(name: str, m: int, k: int, n: int, recipe: Fp8Recipe, b: in
 
 
 def te_norm_fused_bytes(scaling: str, b: int) -> float:
-    """Bytes per element beyond the norm's own (counted as a bf16 write in work.py) when
-    TE's norm writes the FP8 input: the FP8 copy (1 B) in place of the bf16 one (b), and
-    the transpose the weight gradient reads, a separate kernel (read 1, write 1) for
-    tensor scaling; MXFP8's norm writes both copies and their block scales itself."""
-    if scaling == "mxfp8":
-        return 2 * (1 + 1 / MX_BLOCK) - b
+    """Bytes per element of a LayerNormLinear's FP8 input beyond the norm's own (a bf16
+    write, counted in work.py). TE fuses the quantisation into the norm kernel for
+    delayed scaling only (transformer_engine/pytorch/csrc/extensions/normalization.cpp,
+    layernorm_fwd / rmsnorm_fwd: `force_unfused_kernel` is false for Float8Quantizer):
+    the norm writes the FP8 copy (1 B) in place of the bf16 one (b), and a transpose
+    kernel reads and writes 1 B for the weight gradient. Current scaling and MXFP8 (without
+    NVTE_NORM_FWD_USE_CUDNN) write the bf16 output and quantise it after: a cast-transpose
+    like any other input."""
+    if scaling != "delayed":
+        return te_cast_transpose_bytes(scaling, b)
     return 1 - b + 2
 
 
