@@ -153,3 +153,18 @@ def test_grouped_gemm_efficiency_falls_off_with_rows_per_expert():
     assert up.group_m == 16 * math.ceil(rows / 16) == 32
     assert gemm_efficiency(c, True, up) == pytest.approx(
         c.gemm_eff_fp8 * 32 / (32 + c.gemm_half_dim))
+
+
+def test_engine_experts_cast_rowwise_inside_the_grouped_gemm():
+    # Qwen3 30B-A3B's expert up projection as the engine runs FP8 on 8 GPUs, EP8: torchao's
+    # grouped GEMM quantises rowwise (10 B per element of input and output gradient) and
+    # casts its bf16 weights itself, forward and backward (10 B per element), for each of
+    # the rank's 16 experts; FSDP's float8 all-gather does not apply to them.
+    plan = build_plan("pretrain_qwen3", "30b_a3b", "fp8", 8, "h100",
+                      overrides={"tp": 1, "pp": 1, "cp": 1, "ep": 8, "dp": 8, "mbs": 1,
+                                 "gbs": 8})
+    ctx = make_context(plan, sharding="engine")
+    up = {x.name: x for x in ctx.work["moe"].linears}["experts_up"]
+    m = plan.model
+    expected = 10 * up.m * (m.hidden + 2 * m.moe_ffn) + 16 * 10 * m.hidden * 2 * m.moe_ffn
+    assert fp8_cost.layer_cast_bytes((up,), ctx) == pytest.approx(expected)

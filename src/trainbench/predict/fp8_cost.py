@@ -166,11 +166,18 @@ def layer_cast_bytes(linears, ctx) -> float:
     for lin in linears:
         if not lin.fp8:
             continue
-        total += activation_bytes(lin.name, lin.m, lin.k, lin.n, recipe, b)
+        own, own_gathers = recipe, gathers
+        if lin.group_m and sh.engine:
+            # The engine's experts: torchao's grouped GEMM wrapper quantises both operands
+            # inside the op, rowwise (its only FP8 recipe) or MXFP8, and FSDP gathers
+            # their weights in bf16 (engine/parallel/float8.py, wrap_experts).
+            own = Fp8Recipe(TORCHAO, "mxfp8" if plan.dtype == "mxfp8" else "rowwise")
+            own_gathers = 0.0
+        total += activation_bytes(lin.name, lin.m, lin.k, lin.n, own, b)
         # A grouped linear's k x n is one expert's: this GPU holds m / group_m of them.
         experts = max(1, round(lin.m / lin.group_m)) if lin.group_m else 1
         total += experts * weight_bytes(
-            lin.k, lin.n, recipe, b, microbatches=ctx.microbatches,
-            fsdp_float8_gathers=gathers, fsdp_shard=ctx.groups.fsdp.size)
+            lin.k, lin.n, own, b, microbatches=ctx.microbatches,
+            fsdp_float8_gathers=own_gathers, fsdp_shard=ctx.groups.fsdp.size)
     return total
 

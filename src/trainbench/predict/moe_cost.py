@@ -5,9 +5,10 @@ Python.
   the dense GEMM fall-off at that row count (perf.gemm_efficiency reads Linear.group_m).
   FP8 grouped GEMMs need every group's rows a multiple of 16: Megatron-LM pads them
   (megatron/core/transformer/moe/experts.py, TEGroupedMLP's `Fp8Padding` under
-  `config.fp8`), and the engine asks torchao for the same
-  (`pad_token_groups_for_grouped_mm=True`, engine/parallel/float8.py). The padded rows
-  are computed like any other.
+  `config.fp8`), and so does the engine before torchao's grouped GEMM
+  (engine/parallel/float8.py, wrap_experts). The padded rows are computed like any
+  other. MXFP8's groups align to 32 rows; a plan's Shape does not tell MXFP8 from FP8,
+  so both are charged the 16.
 - The router: a bf16 GEMM (work.py's `router` linear), then softmax (or sigmoid) and
   top-k over fp32 logits per token, forward and backward (ROUTER_BYTES_PER_LOGIT).
 - Permutation: Megatron-LM's alltoall/flex token dispatcher
