@@ -50,7 +50,8 @@ def test_one_consistent_json_table(tree):
     assert sorted(map(str, rows)) == ["None", "maxtext", "nemo1", "nemo2", "trainbench"]
     assert len({tuple(r) for r in data["experiments"]}) == 1  # every row has the same keys
     assert data["summary"] == {"experiments": 5, "success": 4, "incomplete": 0, "failed": 1,
-                               "invalid": 0, "unrecognised": 0, "success_rate_pct": 80.0}
+                               "invalid": 0, "unrecognised": 0, "running": 0,
+                               "success_rate_pct": 80.0}
     assert rows["trainbench"]["peak_source"] == "measured GEMM"
     assert rows["nemo2"]["verdict"] == "within 5%"
     assert rows["maxtext"]["workload"] == "pretrain_llama2"
@@ -189,7 +190,8 @@ def test_unknown_formats_are_unrecognised_and_left_out_of_the_success_rate(tmp_p
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["summary"] == {"experiments": 3, "success": 1, "incomplete": 1, "failed": 0,
-                               "invalid": 0, "unrecognised": 1, "success_rate_pct": 50.0}
+                               "invalid": 0, "unrecognised": 1, "running": 0,
+                               "success_rate_pct": 50.0}
     status = {r["name"]: r["status"] for r in data["experiments"]}
     assert status == {"arguments-dump": "Success", "bigscience-tr11-176b-excerpt": "Incomplete",
                       "base-train": "Unrecognised"}

@@ -259,6 +259,9 @@ def test_nonzero_exit_code_after_the_last_step_is_reported(tmp_path):
     r = summarize_experiment(d)
     assert r.exit_code == 1 and "exit code 1 after the last step" in r.status_detail
     assert "checkpoint save failed" in r.status_detail
+    # Never a Success: a non-zero exit code is a failure, whatever the steps say; the
+    # steps' timings are still shown.
+    assert r.status == FAILED and r.verdict == "failed" and r.step_time_mean_s is not None
 
 
 # --- names of the seeds ---------------------------------------------------------------------

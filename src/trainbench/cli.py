@@ -104,15 +104,17 @@ def _resolve_model(workload: str, size: str):
 
 
 def _shaped_model(model, settings: List[str]):
-    """`show --set`: the model cut by layers=N or pattern=... (other keys shape a run)."""
+    """`show --set`: the model cut by layers=N, pattern=... or experts=N (other keys shape
+    a run)."""
     from .plan import PlanError, parse_overrides, shape_model
     try:
         overrides = parse_overrides(settings)
-        other = sorted(set(overrides) - {"layers", "pattern"})
+        other = sorted(set(overrides) - {"layers", "pattern", "experts"})
         if other:
-            fail(f"show --set takes layers and pattern (the model's shape), not "
+            fail(f"show --set takes layers, pattern and experts (the model's shape), not "
                  f"{', '.join(other)}; `trainbench run --dry-run` or `predict` show a layout")
-        return shape_model(model, overrides.get("layers"), overrides.get("pattern"))
+        return shape_model(model, overrides.get("layers"), overrides.get("pattern"),
+                           overrides.get("experts"))
     except PlanError as err:
         fail(err.problems[0])
 
@@ -126,7 +128,8 @@ def show(
                                         help="Number of ranks (GPUs)."),
     gpu: str = typer.Option("h100", "--gpu", help="GPU type for the recipe and the reference."),
     settings: List[str] = typer.Option([], "--set", help="'layers=N' (a hybrid keeps its "
-                                       "pattern's mix) or 'pattern=M-*M-': the cut model."),
+                                       "pattern's mix), 'pattern=M-*M-' or 'experts=N' (an "
+                                       "MoE's routed experts, top_k kept): the cut model."),
 ):
     """Architecture, parameter count, FLOPs per sequence, recipe rows and references."""
     from rich.table import Table
@@ -339,6 +342,12 @@ def _quiet_closed_pipe() -> None:
 
 
 def main() -> None:
+    from .launch.experiment import RootError
+    # A file name that is not UTF-8 (shown by a table or a message) prints as \xNN
+    # escapes instead of ending the command in UnicodeEncodeError.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     # Not standalone: click hands usage errors back here instead of printing its box.
     kinds = _click_exceptions()
     try:
@@ -355,6 +364,9 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("trainbench: interrupted", err=True)
         sys.exit(130)
+    except RootError as err:  # an experiments root no command could use (launch.experiment)
+        typer.echo(f"trainbench: error: {err}", err=True)
+        sys.exit(2)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is a usage error
         def raised(name: str) -> bool:  # not every copy of click defines every class
             return any(isinstance(err, getattr(k, name)) for k in kinds if hasattr(k, name))

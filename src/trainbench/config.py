@@ -26,6 +26,8 @@ def load_config(path: str | Path | None = None, check: bool = True) -> dict:
     """The config as a dict ({} when the file does not exist); ValueError naming the file
     when it cannot be read, is not YAML or (with `check`) holds a wrongly typed value."""
     import yaml
+
+    from .files import NotRegularFile, TooLarge, YAMLBoundError, load_yaml, read_bounded
     p = Path(path) if path else config_path()
     if not p.exists():
         return {}
@@ -33,13 +35,17 @@ def load_config(path: str | Path | None = None, check: bool = True) -> dict:
         raise ValueError(f"cluster config {p} is a directory, not a YAML file "
                          "(check $TRAINBENCH_CONFIG)")
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_bounded(p).decode("utf-8")
     except UnicodeDecodeError:
         raise ValueError(f"cluster config {p} is not a text file; {FIX}") from None
+    except (NotRegularFile, TooLarge) as err:
+        raise ValueError(f"cluster config {err} (check $TRAINBENCH_CONFIG)") from None
     except OSError as err:
         raise ValueError(f"cannot read cluster config {p}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
+    except YAMLBoundError as err:
+        raise ValueError(f"cluster config {p} is refused: {err}; {FIX}") from None
     except yaml.YAMLError as err:
         raise ValueError(f"cluster config {p} is not valid YAML: {err}".splitlines()[0]) from None
     if not isinstance(data, dict):
@@ -54,13 +60,14 @@ def load_config(path: str | Path | None = None, check: bool = True) -> dict:
 def type_problem(data: dict) -> str | None:
     """The first key shared by several commands whose value has the wrong type: each
     command would otherwise fail on it in its own way, far from the file."""
+    from .files import brief
     per_node = data.get("gpus_per_node")
     if per_node is not None and (not isinstance(per_node, int) or isinstance(per_node, bool)
                                  or per_node < 1):
-        return f"gpus_per_node {per_node!r} must be a positive integer"
+        return f"gpus_per_node {brief(per_node)} must be a positive integer"
     for key in ("gpu_type", "experiments_root"):
         if data.get(key) is not None and not isinstance(data[key], str):
-            return f"{key} {data[key]!r} must be a string"
+            return f"{key} {brief(data[key])} must be a string"
     for key in ("env", "slurm"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"{key} must be a mapping (NAME: value)"

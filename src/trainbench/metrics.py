@@ -41,12 +41,16 @@ def mfu_problem(mfu_pct: float | None, peak_tflops: float | None = None,
     """
     if mfu_pct is None or (math.isfinite(mfu_pct) and 0.0 <= mfu_pct <= MFU_CEILING_PCT):
         return None
-    value = f"{mfu_pct:.4g}%" if math.isfinite(mfu_pct) else str(mfu_pct)
-    peak = ""
-    if peak_tflops:
-        peak = f" of {peak_tflops:.4g} TFLOPS" + (f" ({peak_source})" if peak_source else "")
-    return (f"INVALID: MFU {value}{peak} is above 100%, so the peak must be wrong; give the "
-            "device's real dense peak (run --peak-tflops) or its right type (--gpu)")
+    source = f" ({peak_source})" if peak_source else ""
+    fix = "give the device's real dense peak (run --peak-tflops) or its right type (--gpu)"
+    # The line never shows a NaN, an infinity or a negative figure: only what is wrong.
+    if peak_tflops is not None and not (math.isfinite(peak_tflops) and peak_tflops > 0):
+        return f"INVALID: MFU not computed: the peak{source} is not a positive number; {fix}"
+    peak = f" of {peak_tflops:.4g} TFLOPS{source}" if peak_tflops else ""
+    if not math.isfinite(mfu_pct) or mfu_pct < 0:
+        return (f"INVALID: MFU is not a share of 0-100%{peak}: the step time or the peak must "
+                f"be wrong; {fix}")
+    return f"INVALID: MFU {mfu_pct:.4g}%{peak} is above 100%, so the peak must be wrong; {fix}"
 
 
 def days_to_train(tokens_per_s: float, total_tokens: float = ONE_TRILLION) -> float:

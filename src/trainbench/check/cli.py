@@ -5,6 +5,7 @@ Importing this module imports no torch: the command body imports check.build.
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional
 
 import typer
@@ -21,27 +22,43 @@ def default_ranks(plan) -> list[int]:
     return sorted({r for s in range(lay.pp) for r in (s * per_stage, (s + 1) * per_stage - 1)})
 
 
+_RANK_SPAN = re.compile(r"(\d{1,18})(?:-(\d{1,18}))?", re.ASCII)
+
+
 def parse_ranks(text: str, world: int) -> list[int]:
-    """'0,7,64-71' or 'all' -> sorted ranks; ValueError with the fix otherwise."""
+    """'0,7,64-71' or 'all' -> sorted ranks; ValueError with the fix otherwise.
+
+    Every number is checked against the plan's world size, and overlapping spans are
+    merged, before any range is expanded: the list built never holds more than `world`
+    ranks, whatever the text asks for (`0-999999999` is refused, not built)."""
+    from ..files import brief
     if text.strip().lower() == "all":
         return list(range(world))
-    ranks: set[int] = set()
-    try:
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
-            if "-" in part:
-                first, last = (int(x) for x in part.split("-", 1))
-                ranks.update(range(first, last + 1))
-            else:
-                ranks.add(int(part))
-    except ValueError:
-        raise ValueError(f"--ranks {text!r}: use rank numbers and ranges like 0,7,64-71 "
-                         "or 'all'") from None
-    bad = sorted(r for r in ranks if not 0 <= r < world)
-    if not ranks or bad:
-        raise ValueError(f"--ranks {text!r}: ranks must be in 0-{world - 1} for this plan")
-    return sorted(ranks)
+    spans = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        match = _RANK_SPAN.fullmatch(part)
+        if match is None:
+            raise ValueError(f"--ranks {brief(text)}: use rank numbers and ranges like "
+                             "0,7,64-71 or 'all'")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        if first > last:
+            raise ValueError(f"--ranks {brief(part)}: a range runs from its lower rank to its "
+                             "higher, e.g. 64-71")
+        if last >= world:
+            raise ValueError(f"--ranks {brief(text)}: ranks must be in 0-{world - 1} for this "
+                             "plan")
+        spans.append((first, last))
+    if not spans:
+        raise ValueError(f"--ranks {brief(text)}: ranks must be in 0-{world - 1} for this plan")
+    ranks: list[int] = []
+    for first, last in sorted(spans):
+        if ranks and first <= ranks[-1]:
+            first = ranks[-1] + 1
+        ranks.extend(range(first, last + 1))
+    return ranks
 
 
 def predicted_for_rank(plan, pp_rank: int, config: dict | None = None) -> dict | None:

@@ -91,14 +91,20 @@ class BulkTask:
 def load_sweep(path: str | Path) -> dict:
     """The YAML mapping of a sweep file; PlanError naming the problem."""
     import yaml
+
+    from ..files import NotRegularFile, TooLarge, YAMLBoundError, load_yaml, read_bounded
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = load_yaml(read_bounded(p).decode("utf-8"))
     except UnicodeDecodeError:
         raise PlanError([f"bulk file {p} is not a text file; give a YAML sweep file "
                          "(see `trainbench bulk --help`)"]) from None
+    except (NotRegularFile, TooLarge) as err:
+        raise PlanError([f"bulk file {err}; give a YAML sweep file"]) from None
     except OSError as err:
         raise PlanError([f"cannot read bulk file {p}: {err.strerror}"]) from None
+    except YAMLBoundError as err:
+        raise PlanError([f"bulk file {p} is refused: {err}"]) from None
     except yaml.YAMLError as err:
         raise PlanError([f"bulk file {p} is not valid YAML: {str(err).splitlines()[0]}"]) from None
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
@@ -109,6 +115,22 @@ def load_sweep(path: str | Path) -> dict:
         raise PlanError([f"bulk file {p}: unknown top-level keys {', '.join(sorted(unknown))}; "
                          "use executor, defaults, tasks"])
     return data
+
+
+def _axis_problem(single: str, values: list) -> str | None:
+    """Why the values of one axis (workload, size, dtype: names; scale: integers) are not
+    what a sweep takes; None when they are. Nothing is formatted whole (files.brief)."""
+    from ..files import brief
+    for value in values:
+        if single == "scale":
+            if not isinstance(value, int) or isinstance(value, bool):
+                return f"scale {brief(value)} must be an integer (the number of ranks)"
+        elif not isinstance(value, str) or not value or len(value) > 100:
+            return f"{single} {brief(value)} must be a name, e.g. {_EXAMPLES[single]}"
+    return None
+
+
+_EXAMPLES = {"workload": "pretrain_llama3.1", "size": "8b", "dtype": "bf16"}
 
 
 def _as_list(value) -> list:
@@ -143,8 +165,13 @@ def _as_env(value, where: str, problems: list[str]) -> dict[str, str]:
 
 def _merge(defaults: dict, task: dict, where: str, problems: list[str]) -> dict:
     merged = {**defaults, **task}
-    merged["set"] = (_as_settings(defaults.get("set"), "defaults", problems)
-                     + _as_settings(task.get("set"), where, problems))
+    # A task's own `set` replaces the defaults' value of each key it names (a key given
+    # twice in one list is refused by parse_overrides).
+    own = _as_settings(task.get("set"), where, problems)
+    named = {part.partition("=")[0].strip().lower() for item in own for part in item.split()}
+    merged["set"] = [part for item in _as_settings(defaults.get("set"), "defaults", problems)
+                     for part in item.split()
+                     if part.partition("=")[0].strip().lower() not in named] + own
     merged["env"] = {**_as_env(defaults.get("env"), "defaults", problems),
                      **_as_env(task.get("env"), where, problems)}
     slurm = {}
@@ -185,10 +212,14 @@ def expand(data: dict, cluster: dict, executor: str,
     if not isinstance(defaults, dict):
         raise PlanError(["bulk file: `defaults` must be a mapping"])
     tasks: list[BulkTask] = []
+    loose = [n for n, raw in enumerate(data["tasks"], 1) if not isinstance(raw, dict)]
+    if loose:  # one line for all of them: `tasks: [1, 2, 3]` is one mistake
+        shown = ", ".join(f"tasks[{n}]" for n in loose[:5]) + (" ..." if len(loose) > 5 else "")
+        problems.append(f"{shown}: each task must be a mapping (workload:, sizes:, ...), "
+                        "not a single value")
     for n, raw in enumerate(data["tasks"], 1):
         where = f"tasks[{n}]"
         if not isinstance(raw, dict):
-            problems.append(f"{where}: each task must be a mapping (workload:, sizes:, ...)")
             continue
         for source, label in ((defaults, "defaults"), (raw, where)):
             unknown = set(source) - _TASK_KEYS
@@ -203,6 +234,9 @@ def expand(data: dict, cluster: dict, executor: str,
             values = _as_list(task.get(plural, task.get(single)))
             if values == [None]:
                 problems.append(f"{where}: missing {single} (or {plural}: [...])")
+            elif (bad := _axis_problem(single, values)) is not None:
+                problems.append(f"{where}: {bad}")
+                values = [None]
             axes.append(values)
         repeats = task.get("repeats", 1)
         if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
@@ -247,7 +281,8 @@ def plan_task(task: BulkTask) -> Plan:
     """The validated plan of one task; PlanError with lines prefixed by the task."""
     try:
         if not isinstance(task.scale, int) or isinstance(task.scale, bool):
-            raise PlanError([f"scale {task.scale!r} must be an integer"])
+            from ..files import brief
+            raise PlanError([f"scale {brief(task.scale)} must be an integer"])
         return build_plan(task.workload, task.size, task.dtype, task.scale, task.gpu,
                           overrides=parse_overrides(list(task.settings)),
                           steps=task.steps if task.steps is not None else 50,
@@ -296,14 +331,31 @@ def validate(tasks: list[BulkTask], cluster: dict, executor: str) -> list[Plan]:
     return plans
 
 
-def run_local_sweep(tasks: list[BulkTask], echo=print) -> list[tuple[BulkTask, int]]:
-    """Run each task with `trainbench run --executor local`, one after another.
+def root_problem(root: Path, executor: str) -> str | None:
+    """Why the sweep's runs cannot be recorded under root (the checks `run` makes before
+    it creates anything, made once for the sweep), or None."""
+    from .experiment import root_problem as unusable
+    from .jobs import JobsDB, JobsDBError
+    from .local import disk_space_problem
+    problem = unusable(root) or disk_space_problem(root)
+    if problem is None and executor == "local":
+        try:
+            JobsDB.check(root)
+        except JobsDBError as err:
+            problem = str(err)
+    return problem
+
+
+def run_local_sweep(tasks: list[BulkTask], echo=print,
+                    root: Path | None = None) -> list[tuple[BulkTask, int]]:
+    """Run each task with `trainbench run --executor local`, one after another, under
+    root (default: the one `run` finds itself).
 
     A failed run does not stop the sweep; the exit code of each is returned.
     """
     results = []
     for task in tasks:
-        cmd = task.run_command("local")
+        cmd = task.run_command("local") + (["--root", str(root)] if root is not None else [])
         echo(f"== {task.label()}: {shlex.join(cmd)}")
         argv = [sys.executable, "-m", "trainbench.cli", *cmd[1:]]
         code = subprocess.run(argv).returncode

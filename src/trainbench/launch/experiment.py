@@ -7,6 +7,7 @@ plan.json, log-<name>.out, metrics.jsonl, run.json (written by the engine), exit
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import time
@@ -18,9 +19,42 @@ RUN_FILE = "run.json"
 EXIT_FILE = "exit.json"
 
 
+class RootError(ValueError):
+    """An experiments root that cannot be used as given: one line naming it and the fix."""
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as a message shows it: bytes that are not UTF-8 as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def checked_root(root: str | Path, what: str = "--root") -> Path:
+    """root made absolute and resolved, or RootError before anything is created.
+
+    Its bytes must be UTF-8: plan.json, run.json and the job history record paths as
+    UTF-8 text, so a root they cannot spell would leave records that name no directory.
+    A symlink loop has no directory at its end."""
+    raw = os.fspath(root)
+    try:
+        os.fsencode(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise RootError(f"{what} {shown_path(raw)} is not valid UTF-8: trainbench records "
+                        "experiment paths as UTF-8 text; pass a root whose name is UTF-8"
+                        ) from None
+    try:
+        return Path(raw).expanduser().resolve()
+    except (RuntimeError, OSError) as err:  # RuntimeError: Python < 3.13's symlink loop
+        loop = isinstance(err, RuntimeError) or getattr(err, "errno", None) == errno.ELOOP
+        why = "runs into a symlink loop" if loop else f"cannot be resolved ({err})"
+        raise RootError(f"{what} {shown_path(raw)} {why}; pass a directory") from None
+
+
 def default_root() -> Path:
-    """$TRAINBENCH_ROOT, else the current directory (the seeds' $STAGE_PATH habit)."""
-    return Path(os.environ.get("TRAINBENCH_ROOT", ".")).resolve()
+    """$TRAINBENCH_ROOT, else the current directory (the seeds' $STAGE_PATH habit);
+    RootError when it cannot be used (checked_root)."""
+    if os.environ.get("TRAINBENCH_ROOT"):
+        return checked_root(os.environ["TRAINBENCH_ROOT"], "TRAINBENCH_ROOT")
+    return checked_root(".", "the current directory")
 
 
 def log_file_name(name: str) -> str:
@@ -32,6 +66,8 @@ def creatable_problem(path: str | Path) -> str | None:
     leaving anything behind."""
     where = Path(path)
     while not where.exists() and where != where.parent:
+        if where.is_symlink():  # a link to nothing, or to itself: nothing can be made there
+            return f"{shown_path(where)} is a symbolic link to nothing that exists"
         where = where.parent
     if not where.is_dir():
         return f"{where} is a file, not a directory"

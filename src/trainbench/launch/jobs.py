@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .experiment import EXIT_FILE, default_root, launcher_gone
+from .experiment import EXIT_FILE, checked_root, default_root, launcher_gone
 
 DB_FILE = "jobs.sqlite"
 SLURM_QUERY_TIMEOUT_S = 30
@@ -73,12 +73,12 @@ CREATE TABLE IF NOT EXISTS jobs (
 
 def experiments_root(cluster: dict | None = None) -> Path:
     """Where experiments and jobs.sqlite live: $TRAINBENCH_ROOT, else the cluster config's
-    experiments_root, else the current directory."""
+    experiments_root, else the current directory; RootError when it cannot be used."""
     if os.environ.get("TRAINBENCH_ROOT"):
         return default_root()
     configured = (cluster or {}).get("experiments_root")
     if configured:
-        return Path(str(configured)).expanduser().resolve()
+        return checked_root(str(configured), "the cluster config's experiments_root")
     return default_root()
 
 
@@ -287,7 +287,8 @@ def _key_values(line: str) -> dict[str, str]:
     """KEY=VALUE words of a Slurm record. The first occurrence wins: the state fields come
     before WorkDir and Command, whose paths may contain spaces and `JobState=`."""
     fields: dict[str, str] = {}
-    for m in re.finditer(r"(\w+)=(\S*)", line):
+    # (?<!\w): a key starts at a word's start, so a long word without `=` is passed once.
+    for m in re.finditer(r"(?<!\w)(\w+)=(\S*)", line):
         fields.setdefault(m.group(1), m.group(2))
     return fields
 
@@ -324,17 +325,19 @@ def jobcomp_location() -> Path | None:
 
 def jobcomp_record(job_id: str, path: Path | None) -> dict | None:
     """The job's line in the job-completion file (the newest, if requeued)."""
+    from ..files import open_regular
     if path is None:
         return None
-    try:
-        text = path.read_text(errors="replace")
+    prefix = f"JobId={job_id} ".encode()
+    found = None
+    try:  # streamed: a cluster's completion file grows to gigabytes
+        with open_regular(path) as fh:
+            for line in fh:
+                if line.startswith(prefix):
+                    found = line
     except OSError:
         return None
-    found = None
-    for line in text.splitlines():
-        if line.startswith(f"JobId={job_id} "):
-            found = _key_values(line)
-    return _record_from_fields(found) if found else None
+    return _record_from_fields(_key_values(found.decode("utf-8", "replace"))) if found else None
 
 
 def scontrol_record(job_id: str) -> dict | None:
@@ -437,6 +440,39 @@ def _launcher_alive(pid: str | None, exp_dir: str | Path | None = None) -> bool:
             return b"trainbench" in fh.read()
     except (OSError, TypeError, ValueError):
         return False
+
+
+def recorded_activity(exp_dir: str | Path) -> str | None:
+    """PENDING or RUNNING when the job history of the experiment's root
+    (<root>/experiments/<name>/<dir>) says the newest job of exp_dir is still queued or
+    running, else None; a local job counts only while its launcher lives (one that died
+    left its row behind). Read-only: the history is opened read-only (never created) and
+    a lock is waited on for half a second at most."""
+    from ..files import is_regular
+    try:
+        resolved = Path(exp_dir).resolve()
+    except (OSError, RuntimeError):
+        return None
+    if len(resolved.parents) < 3 or resolved.parents[1].name != "experiments":
+        return None
+    path = resolved.parents[2] / DB_FILE
+    if not is_regular(path):
+        return None
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.5)
+        try:
+            row = conn.execute("SELECT executor, job_id, state FROM jobs WHERE exp_dir IN (?, ?) "
+                               "ORDER BY id DESC LIMIT 1",
+                               (str(exp_dir), str(resolved))).fetchone()
+        finally:
+            conn.close()
+    except (sqlite3.Error, UnicodeEncodeError):
+        return None
+    if row is None or row[2] not in ACTIVE:
+        return None
+    if row[0] != "slurm" and not _launcher_alive(row[1], exp_dir):
+        return None
+    return row[2]
 
 
 def settle_local_jobs(db: JobsDB) -> None:

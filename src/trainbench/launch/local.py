@@ -22,8 +22,21 @@ from pathlib import Path
 from ..plan import Plan
 from .experiment import EXIT_FILE, PLAN_FILE, log_file_name, write_launcher_record
 
-STEP_LINE = re.compile(r"iteration (\d+)/(\d+) .*reduced_train_loss: (\S+) .*"
-                       r"train_step_timing in s: (\S+)")
+# The engine's step line, read one field at a time: a single pattern with `.*` between
+# the fields costs time quadratic in a long line that repeats `iteration N/M `.
+_STEP_ITERATION = re.compile(r"iteration (\d+)/(\d+) ")
+_STEP_LOSS = re.compile(r"reduced_train_loss: (\S+) ")
+_STEP_TIME = re.compile(r"train_step_timing in s: (\S+)")
+
+
+def step_fields(text: str) -> tuple[str, str, str, str] | None:
+    """(iteration, last iteration, loss, step time) of an engine step line, else None."""
+    it = _STEP_ITERATION.search(text)
+    if it is None:
+        return None
+    loss = _STEP_LOSS.search(text, it.end())
+    step = _STEP_TIME.search(text, loss.end()) if loss else None
+    return (it.group(1), it.group(2), loss.group(1), step.group(1)) if step else None
 # torchrun prints these on every multi-process start; they are not the user's concern.
 _NOISE = ("Setting OMP_NUM_THREADS environment variable", "*****")
 
@@ -86,12 +99,12 @@ class Progress:
             self.bar.start()
 
     def line(self, text: str) -> None:
-        match = STEP_LINE.search(text)
+        match = step_fields(text)
         if self.bar is None:
             print(text, flush=True)
             return
         if match:
-            it, _, loss, step_time = match.groups()
+            it, _, loss, step_time = match
             # A resumed run starts at its checkpoint's iteration, not at 0.
             if self.first is None:
                 self.first = int(it)
@@ -105,12 +118,84 @@ class Progress:
             self.bar.stop()
 
 
-def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int:
+class Interrupts:
+    """SIGINT, SIGTERM and SIGHUP while a local run is under way, from the creation of its
+    experiment until its records (exit.json, the job's row) are written.
+
+    While the ranks run, the first signal raises KeyboardInterrupt(signum) at once. Any
+    signal outside that stretch (while the experiment is being created, while the ranks
+    are being stopped, while the records are written) is held: it is noted, a held first
+    signal interrupts the run as soon as it is armed (so a run stopped before its ranks
+    start still writes its exit record), and a later one (a second Ctrl-C 0.3 s after the
+    first) only hurries the stop, killing the ranks' process group with SIGKILL. No signal
+    ever cuts the records short."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self):
+        self.signum: int | None = None
+        """The first signal received."""
+        self.group: int | None = None
+        """The ranks' process group (torchrun's session), once it exists."""
+        self._previous: dict = {}
+
+    def __enter__(self) -> "Interrupts":
+        import threading
+        if threading.current_thread() is threading.main_thread():  # handlers live there
+            self._previous = {sig: signal.signal(sig, self._hold) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        return False
+
+    def arm(self) -> None:
+        """The run starts: a signal now interrupts it, and one already held does at once."""
+        if self.signum is not None:
+            raise KeyboardInterrupt(self.signum)
+        self._install(self._interrupt)
+
+    def hold(self) -> None:
+        self._install(self._hold)
+
+    def _install(self, handler) -> None:
+        for sig in self._previous:
+            signal.signal(sig, handler)
+
+    def _interrupt(self, signum, frame):
+        self.signum = signum
+        self.hold()
+        raise KeyboardInterrupt(signum)
+
+    def _hold(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.group is not None:
+            try:
+                os.killpg(self.group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None,
+              interrupts: Interrupts | None = None) -> int:
     """Run the plan with torchrun; returns its exit code and writes exit.json.
 
     The exit code is the one the launcher itself ends with: torchrun's, or 128 + the
-    signal that interrupted the launcher (130 for Ctrl-C, 143 for SIGTERM).
+    signal that interrupted the launcher (130 for Ctrl-C, 143 for SIGTERM). interrupts:
+    the caller's guard (Interrupts), when it holds signals past the run (finish_local);
+    else the run holds them itself until exit.json is written.
     """
+    import contextlib
+    with contextlib.ExitStack() as stack:
+        guard = interrupts if interrupts is not None else stack.enter_context(Interrupts())
+        return _run_guarded(plan, exp_dir, interactive, guard)
+
+
+def _run_guarded(plan: Plan, exp_dir: Path, interactive: bool | None,
+                 guard: Interrupts) -> int:
     plan_path = exp_dir / PLAN_FILE
     if plan.features.profile == "nsys":
         (exp_dir / "profile").mkdir(exist_ok=True)
@@ -120,33 +205,37 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
     write_launcher_record(exp_dir)
     reserve = _reserve_space(exp_dir)
     log_path = exp_dir / log_file_name(plan.name)
-    proc = subprocess.Popen(torchrun_command(plan, plan_path), env=rank_environment(plan),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", start_new_session=True,
-                            preexec_fn=_stop_with_parent(os.getpid()))
     progress = Progress(plan.steps, interactive)
     stream = RankOutput(progress, log_path, announcement=f"trainbench: {plan.name} on ")
     interrupted: int | None = None
+    proc = None
     # torchrun runs in its own session (so a Ctrl-C reaches only this launcher, which then
     # stops the ranks in order); a closed terminal or a kill must stop them the same way.
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
+        guard.arm()
+        proc = subprocess.Popen(torchrun_command(plan, plan_path), env=rank_environment(plan),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True,
+                                preexec_fn=_stop_with_parent(os.getpid()))
+        guard.group = proc.pid
         for raw in proc.stdout:
             stream.line(raw.rstrip("\n"))
         code = proc.wait()
         if code < 0:  # torchrun itself killed: the shell's 128 + signal, as we exit with it
             code = 128 - code
     except KeyboardInterrupt as err:
-        _kill_group(proc)
-        interrupted = err.args[0] if err.args else signal.SIGINT
+        guard.hold()
+        interrupted = err.args[0] if err.args and isinstance(err.args[0], int) else signal.SIGINT
+        if proc is not None:
+            _kill_group(proc)
         code = 128 + interrupted
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        guard.hold()
         progress.close()
-        if proc.poll() is None:
-            _kill_group(proc)
-        _reap_group(proc)
+        if proc is not None:
+            if proc.poll() is None:
+                _kill_group(proc)
+            _reap_group(proc)
         # The ranks are gone: what a full disk took from them, the final records get back.
         _release(reserve)
     if code == 0:
@@ -166,10 +255,6 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None) -> int
         stream.to_log(f"trainbench: job failed: {reason}")
     stream.flush()
     return code
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(signum)
 
 
 # --- what the ranks and torchrun print ----------------------------------------------------------
@@ -204,7 +289,7 @@ class RankOutput:
             self.line(text[:m.start()])
             self.line(text[m.start():])
             return
-        if STEP_LINE.search(text):
+        if step_fields(text):
             self.progress.line(text)
             return
         if self.announcement and text.startswith(self.announcement):
@@ -348,7 +433,10 @@ MIN_FREE_BYTES = 32 << 20
 def disk_space_problem(root: str | Path) -> str | None:
     """Why a run cannot start under root for lack of space, or None."""
     import shutil
-    where = Path(root).resolve()
+    try:
+        where = Path(root).resolve()
+    except (RuntimeError, OSError):  # a symlink loop: root_problem names it
+        return None
     while not where.exists() and where != where.parent:
         where = where.parent
     try:

@@ -100,15 +100,16 @@ def detect_gpu_type() -> tuple[str, str]:
 
 def parse_ranks(text: str, scale: int) -> tuple[int, ...]:
     """'0,1' -> (0, 1); 'all' -> every rank; ValueError with the fix otherwise."""
+    from ..files import brief
     if text.strip().lower() == "all":
         return tuple(range(scale))
-    try:
-        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise ValueError(f"--profile-ranks {text!r}: use rank numbers like 0,1 or 'all'") from None
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(re.fullmatch(r"[0-9]{1,18}", part) for part in parts):  # ASCII digits only
+        raise ValueError(f"--profile-ranks {brief(text)}: use rank numbers like 0,1 or 'all'")
+    ranks = tuple(sorted({int(part) for part in parts}))
     bad = [r for r in ranks if not 0 <= r < scale]
     if not ranks or bad:
-        raise ValueError(f"--profile-ranks {text!r}: ranks must be in 0-{scale - 1}")
+        raise ValueError(f"--profile-ranks {brief(text)}: ranks must be in 0-{scale - 1}")
     return ranks
 
 
@@ -276,10 +277,13 @@ def plan_run(req: RunRequest) -> PlannedRun:
     if profile == "nsys" and req.executor == "local" and not shutil.which("nsys"):
         raise RunRequestError("--profile nsys: nsys (Nsight Systems) is not on PATH; install "
                               "it or use --profile torch")
-    root = req.root
-    if root is None:
-        from .jobs import experiments_root
-        root = experiments_root(cluster)
+    from .experiment import RootError, checked_root
+    from .jobs import experiments_root
+    try:
+        root = (experiments_root(cluster) if req.root is None
+                else checked_root(req.root, "--root (or TRAINBENCH_ROOT)"))
+    except RootError as err:
+        raise RunRequestError(str(err)) from None
     if not req.dry_run:
         _check_where_the_run_is_recorded(req, Path(root))
     return PlannedRun(plan=plan, root=Path(root), cluster=cluster, dtype_reason=dtype_reason,
@@ -337,18 +341,24 @@ def create_local_experiment(planned: PlannedRun) -> StartedRun:
     return StartedRun(plan=plan, exp_dir=exp_dir, job_id=job_id, db=db)
 
 
-def finish_local(started: StartedRun) -> tuple[int, object, dict]:
-    """Run the created experiment here; (exit code, parsed result, exit record)."""
+def finish_local(started: StartedRun, interrupts=None) -> tuple[int, object, dict]:
+    """Run the created experiment here; (exit code, parsed result, exit record). Signals
+    are held (local.Interrupts: the caller's, else one of its own) until the job's row
+    has its exit code: a Ctrl-C, or two, stop the run but never its records."""
+    import contextlib
+
     from ..results import summarize_experiment
     from .jobs import exit_record
-    from .local import run_local
-    code = run_local(started.plan, started.exp_dir)
-    ended = exit_record(started.exp_dir) or {}
-    # Parsed once: the job history keeps what the summary prints.
-    result = summarize_experiment(started.exp_dir)
-    started.db.update(started.job_id, state="COMPLETED" if code == 0 else "FAILED",
-                      exit_code=code, elapsed_s=ended.get("elapsed_s"),
-                      results=result.to_dict())
+    from .local import Interrupts, run_local
+    with contextlib.ExitStack() as stack:
+        guard = interrupts if interrupts is not None else stack.enter_context(Interrupts())
+        code = run_local(started.plan, started.exp_dir, interrupts=guard)
+        ended = exit_record(started.exp_dir) or {}
+        # Parsed once: the job history keeps what the summary prints.
+        result = summarize_experiment(started.exp_dir)
+        started.db.update(started.job_id, state="COMPLETED" if code == 0 else "FAILED",
+                          exit_code=code, elapsed_s=ended.get("elapsed_s"),
+                          results=result.to_dict())
     return code, result, ended
 
 

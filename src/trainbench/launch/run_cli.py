@@ -107,15 +107,19 @@ def execute(req, preflight: bool = True) -> None:
         print_rank_layout(out, plan)
         out.print("dry run: nothing launched")
         return
-    try:
-        problem = local_problem(planned)  # before anything is created
-        if problem:
-            raise RunRequestError(problem)
-        started = create_local_experiment(planned)
-    except RunRequestError as err:
-        _refuse(err.problems)
-    out.print(f"experiment directory: {started.exp_dir}")
-    code, result, ended = finish_local(started)
+    from .local import Interrupts
+    # From the experiment's creation until its records are written, a Ctrl-C (or two)
+    # stops the run but never leaves it without exit.json and the job's exit code.
+    with Interrupts() as interrupts:
+        try:
+            problem = local_problem(planned)  # before anything is created
+            if problem:
+                raise RunRequestError(problem)
+            started = create_local_experiment(planned)
+        except RunRequestError as err:
+            _refuse(err.problems)
+        out.print(f"experiment directory: {started.exp_dir}")
+        code, result, ended = finish_local(started, interrupts)
     print_summary(out, result)
     if code != 0:
         reason = ended.get("reason", f"exit code {code}")

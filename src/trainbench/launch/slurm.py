@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..files import brief
 from ..plan import PlanError
 from .experiment import EXIT_FILE, PLAN_FILE
 
@@ -545,16 +546,16 @@ def check_cluster_config(data: dict) -> list[str]:
     problems += check_env(env, "env")
     gpu_type = data.get("gpu_type")
     if gpu_type is not None and str(gpu_type).lower() not in (*hardware.GPUS, hardware.CPU):
-        problems.append(f"gpu_type {gpu_type!r} is unknown; use one of "
+        problems.append(f"gpu_type {brief(gpu_type)} is unknown; use one of "
                         f"{', '.join(hardware.GPUS)} or cpu")
     per_node = data.get("gpus_per_node")
     if per_node is not None and (not isinstance(per_node, int) or isinstance(per_node, bool)
                                  or per_node < 1):
-        problems.append(f"gpus_per_node {per_node!r} must be a positive integer")
+        problems.append(f"gpus_per_node {brief(per_node)} must be a positive integer")
     root = data.get("experiments_root")
     if root is not None:
         if not isinstance(root, str) or not os.path.isabs(root):
-            problems.append(f"experiments_root {root!r} must be an absolute path")
+            problems.append(f"experiments_root {brief(root)} must be an absolute path")
         elif _CONTROL.search(root):
             problems.append("experiments_root contains a newline or control character")
     return problems

@@ -51,8 +51,16 @@ def _load_cluster(check: bool = True) -> dict:
 
 
 def _root(root: Optional[Path], cluster: dict) -> Path:
+    """The experiments root (--root, TRAINBENCH_ROOT, the config's, or .); one line and
+    exit 2 when it cannot be used (experiment.checked_root)."""
+    from ..cli import fail
+    from .experiment import RootError, checked_root
     from .jobs import experiments_root
-    return root.expanduser().resolve() if root else experiments_root(cluster)
+    try:
+        return checked_root(root, "--root (or TRAINBENCH_ROOT)") if root else \
+            experiments_root(cluster)
+    except RootError as err:
+        fail(str(err))
 
 
 # --- init -----------------------------------------------------------------------------------
@@ -62,12 +70,17 @@ def _config_from_file(path: Path) -> dict:
     import yaml
 
     from ..cli import fail
+    from ..files import NotRegularFile, TooLarge, YAMLBoundError, load_yaml, read_bounded
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(read_bounded(path).decode("utf-8")) or {}
     except UnicodeDecodeError:
         fail(f"--from {path} is not a text file; give a YAML file (see `trainbench init --help`)")
+    except (NotRegularFile, TooLarge) as err:
+        fail(f"--from {err}; give a YAML file")
     except OSError as err:
         fail(f"cannot read --from {path}: {err.strerror}")
+    except YAMLBoundError as err:
+        fail(f"--from {path} is refused: {err}")
     except yaml.YAMLError as err:
         fail(f"--from {path} is not valid YAML: {str(err).splitlines()[0]}")
     if not isinstance(data, dict):
@@ -239,7 +252,8 @@ def bulk_command(
     executor: Optional[str] = typer.Option(
         None, "--executor", help="local or slurm (default: the file's, else local)."),
     root: Optional[Path] = typer.Option(None, "--root", envvar="TRAINBENCH_ROOT",
-                                        help="Where experiments/ lives (Slurm runs)."),
+                                        help="Where experiments/ and the job history live "
+                                             "(default: the cluster config's, else .)."),
 ):
     from rich.table import Table
 
@@ -265,6 +279,13 @@ def bulk_command(
         plans = bulk.validate(tasks, cluster, executor)
     except PlanError as err:
         _fail_problems(err.problems)
+    where = _root(root, cluster)
+    if not dry_run:
+        # Where every run of the sweep is recorded, checked once before any starts (as
+        # `run` checks it): a root that is a file must not fail each run on its own line.
+        problem = bulk.root_problem(where, executor)
+        if problem:
+            fail(problem)
 
     out = console()
     table = Table(title=f"{file.name}: {len(tasks)} run(s) on {executor}")
@@ -281,14 +302,14 @@ def bulk_command(
                 typer.echo(shlex.join(task.run_command("local")))
         else:
             first = plans[0]
-            where = _root(root, cluster) / "experiments" / first.name / f"{first.name}_DRYRUN"
+            where = where / "experiments" / first.name / f"{first.name}_DRYRUN"
             bulk.warn_missing_settings(tasks, plans, cluster)
             typer.echo("# job script of run 1 (the others differ only in their plan):")
             typer.echo(render_sbatch(first, where, bulk.slurm_options(tasks[0]), cluster), nl=False)
         typer.echo(f"dry run: {len(tasks)} run(s) planned, nothing launched")
         return
     if executor == "local":
-        results = bulk.run_local_sweep(tasks, echo=typer.echo)
+        results = bulk.run_local_sweep(tasks, echo=typer.echo, root=where)
         failed = [(t, c) for t, c in results if c != 0]
         typer.echo(f"bulk: {len(results)} run(s), {len(results) - len(failed)} succeeded, "
                    f"{len(failed)} failed")
@@ -299,7 +320,7 @@ def bulk_command(
         return
     submitted: list = []
     try:
-        bulk.submit_slurm_sweep(tasks, plans, _root(root, cluster), cluster,
+        bulk.submit_slurm_sweep(tasks, plans, where, cluster,
                                 echo=lambda line: (submitted.append(line), typer.echo(line)))
     except SubmitError as err:
         fail(f"run {len(submitted) + 1} was not submitted: {err}; "
@@ -467,12 +488,17 @@ def register(app: typer.Typer) -> None:
             typer.echo("results:")
             typer.echo(json.dumps(json.loads(row["results_json"]), indent=2, sort_keys=True))
         if row["state"] in ("FAILED", "CANCELLED", "TIMEOUT"):
+            from ..files import describe_read_error, tail_lines
             for f in (log, exp / sbatch_output_name(row["name"])):
                 if f.exists():
-                    tail = f.read_text(errors="replace").splitlines()[-10:]
+                    try:  # a regular file's last bytes only: a FIFO or a huge log never hangs
+                        tail = tail_lines(f, 10)
+                    except OSError as err:
+                        typer.echo(f"{f.name}: {describe_read_error(err)}")
+                        continue
                     typer.echo(f"last lines of {f.name}:")
                     for line in tail:
-                        typer.echo(f"  {line}")
+                        typer.echo(f"  {line[:2000]}")
 
     @jobs_app.command("refresh")
     def jobs_refresh(ctx: typer.Context,

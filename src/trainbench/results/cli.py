@@ -31,12 +31,13 @@ def _default_paths(root: Path | None) -> list[Path]:
     directory (in a source tree that would list its test fixtures)."""
     from ..cli import fail
     from ..config import load_config
+    from ..launch.experiment import checked_root
     from ..launch.jobs import experiments_root
-    if root is None:
-        try:
-            root = experiments_root(load_config())
-        except ValueError as err:
-            fail(str(err).splitlines()[0])
+    try:  # the config's errors and RootError (experiment.checked_root) are ValueErrors
+        root = (experiments_root(load_config()) if root is None
+                else checked_root(root, "--root (or TRAINBENCH_ROOT)"))
+    except ValueError as err:
+        fail(str(err).splitlines()[0])
     where = Path(root) / "experiments"
     if not where.is_dir():
         fail(f"no experiments yet under {where} (where `trainbench run` writes); pass the "
@@ -61,16 +62,24 @@ def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, roo
         except ValueError as err:
             fail(f"--window: {err}")
     roots = list(paths) if paths else _default_paths(root)
+    skipped: list[str] = []
     try:
         more = {} if tolerance_pct is None else {"tolerance_pct": tolerance_pct}
-        results = summarize_paths(roots, window=win, convention=convention, workload=workload,
-                                  size=size, dtype=dtype, scale=scale, gpu=gpu, **more)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
-        fail(str(err))
+        results = summarize_paths(roots, skipped=skipped, window=win, convention=convention,
+                                  workload=workload, size=size, dtype=dtype, scale=scale,
+                                  gpu=gpu, **more)
+    except OSError as err:  # a path given that does not exist
+        fail(str(err) if isinstance(err, FileNotFoundError) else
+             f"cannot read {err.filename}: {err.strerror}")
     if not results:
+        if skipped:  # what was there could not be read: say that, not "nothing found"
+            fail(skipped[0] + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
         fail(f"no experiments found under {', '.join(map(str, roots))}; an experiment is a "
              "directory with plan.json or metrics.jsonl, or a *.out/*.log file with step lines")
-    return results
+    # The runs that could be read are reported; each one that could not is named once.
+    for line in skipped:
+        typer.echo(f"trainbench: warning: {line}", err=True)
+    return results, skipped
 
 
 def _write_new_file(path: Path, text: str) -> None:
@@ -163,21 +172,22 @@ def register(app) -> None:
         from .baseline import check_inputs, run_gate
         base = check_inputs(baseline, save_baseline, tolerance, window, convention, workload,
                             size, dtype, scale, gpu)
-        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
-                             root, tolerance)
+        results, unread = _summarize(paths, window, convention, workload, size, dtype, scale,
+                                     gpu, root, tolerance)
         results = report.sort_results(results, sort)
         gate = run_gate(results, base, reference, save_baseline, tolerance)
         if fmt == "csv":
             text = report.to_csv(results, gate.csv_columns(results))
         elif fmt == "json":
-            text = report.to_json(results, with_records=records, extra=gate.json()) + "\n"
+            extra = {**gate.json(), **({"unread": unread} if unread else {})}
+            text = report.to_json(results, with_records=records, extra=extra) + "\n"
         elif output is not None:
             import io
 
             from rich.console import Console
             buf = io.StringIO()
             report.print_table(results, Console(file=buf, width=250, color_system=None),
-                               convention)
+                               convention, fit=False)
             text = buf.getvalue() + "".join(line + "\n" for line in gate.lines())
         else:
             report.print_table(results, console(), convention)
@@ -221,8 +231,8 @@ def register(app) -> None:
         problem = creatable_problem(out_dir)
         if problem:
             fail(f"-o {out_dir}: {problem}")
-        results = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
-                             root)
+        results, _ = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
+                                root)
         try:
             written = write_plots(results, out_dir, convention)
         except FileExistsError as err:

@@ -21,17 +21,28 @@ decorate it with @register; nothing else changes.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 
+from ..files import open_regular
+
 CHUNK_SIZE = 16 * 2**20
 # A line longer than this with no newline (a runaway progress bar) is cut here rather
 # than held in memory whole.
 MAX_LINE = 64 * 2**20
+# What a format reads of one line or progress-bar segment: a step line is a few hundred
+# bytes; the rest of a longer one is dropped (its cut field with it, as at a file's end).
+MAX_SEGMENT = 64 * 2**10
+# What read_metrics_jsonl reads of one line (a StepMetrics object is ~300 bytes).
+MAX_JSONL_LINE = 2**20
+# Iterations and run lengths past this are not a training run's (a trillion steps).
+MAX_ITERATION = 10**12
 # A run prints its settings (and its profiler its banner) before training: facts are
 # looked for in the first bytes only, so a multi-GB NCCL trace is searched for step lines
 # alone. Profilers announce their output files when the run ends (nsys's `Generated
@@ -62,7 +73,11 @@ class StepRecord:
         return asdict(self)
 
     def nonfinite_field(self) -> str | None:
-        """'loss' or 'grad_norm' when that value is NaN or infinite, else None."""
+        """'step_time_s', 'loss' or 'grad_norm' when that value is NaN or infinite (or a
+        step time not above zero), else None."""
+        if self.step_time_s is not None and not (math.isfinite(self.step_time_s)
+                                                 and self.step_time_s > 0):
+            return "step_time_s"
         for name in ("loss", "grad_norm"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
@@ -72,14 +87,14 @@ class StepRecord:
     def merge(self, later: "StepRecord") -> None:
         """Fold in another print of the same step (another rank, a redraw, a second line):
         its values win, except that the peak memory is the largest any rank reports and a
-        NaN or infinite loss or gradient norm on any rank is kept."""
+        NaN or infinite step time, loss or gradient norm on any rank is kept."""
         for f in fields(self):
             new, old = getattr(later, f.name), getattr(self, f.name)
             if new is None or f.name == "iteration":
                 continue
             if old is not None and f.name in ("peak_memory_bytes", "memory_allocated_bytes"):
                 new = max(old, new)
-            elif (old is not None and f.name in ("loss", "grad_norm")
+            elif (old is not None and f.name in ("loss", "grad_norm", "step_time_s")
                   and not math.isfinite(old)):
                 new = old
             setattr(self, f.name, new)
@@ -138,7 +153,11 @@ _NUM = (r"[-+]?(?:nan(?:\.0*)?|inf(?:inity)?(?:\.0*)?|"
         r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)")
 # `key: value` (NeMo 2, Megatron, MaxText) or `key=value` (NeMo 1 progress bars). Keys
 # may hold spaces, parentheses and slashes: `elapsed time per iteration (ms): 20289.1`.
-_KV = re.compile(r"([A-Za-z_][\w ()/.\-]*?)\s*[:=]\s*(" + _NUM + r")(?![\w.])", re.I)
+# A key is found backwards from its separator (key_values), never by a lazy pattern tried
+# at every letter: that costs time quadratic in a run of key characters with no `:` or `=`.
+_PAIR = re.compile(r"[:=]\s*(" + _NUM + r")(?![\w.])", re.I)
+_NOT_KEY = re.compile(r"[^\w ()/.\-]", re.I)
+_KEY_START = re.compile(r"[A-Za-z_]", re.I)
 _ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)")
 
 
@@ -153,10 +172,26 @@ def number(text: str) -> float:
 
 
 def key_values(text: str) -> dict[str, float]:
-    """Every `key: number` / `key=number` pair of a line, keys normalised."""
+    """Every `key: number` / `key=number` pair of a line, keys normalised.
+
+    The key of a pair is the run of key characters (letters, digits, `_`, spaces,
+    `()/.-`) that ends at its separator, from its first letter or `_`. Each separator
+    followed by a number is found once, and its key is looked for only between it and the
+    separator before, so a line costs time linear in its length whatever it holds."""
     out = {}
-    for key, value in _KV.findall(text):
-        out[" ".join(key.lower().split())] = number(value)
+    floor = 0  # where the next key may start: after the previous separator or pair
+    for pair in _PAIR.finditer(text):
+        sep = pair.start()
+        begin, floor = floor, sep + 1
+        key_end = begin + len(text[begin:sep].rstrip())
+        run = begin
+        for other in _NOT_KEY.finditer(text, begin, key_end):
+            run = other.end()
+        start = _KEY_START.search(text, run, key_end)
+        if start is None:
+            continue
+        out[" ".join(text[start.start():key_end].lower().split())] = number(pair.group(1))
+        floor = pair.end()
     return out
 
 
@@ -225,12 +260,19 @@ class ScanState:
         self.scan = scan
         self.records: dict[str, dict[int, StepRecord]] = {}
         self.detected: str | None = None
+        self.out_of_range = 0
+        """Step lines whose iteration lies outside 0..MAX_ITERATION (left out)."""
 
     def step(self, fmt: str, rec: StepRecord | None, detect: bool = True) -> StepRecord | None:
         """Store a record (merged with an earlier print of its step); the first one with
         a step time names the file's format."""
         if rec is None:
             return None
+        if not 0 <= rec.iteration <= MAX_ITERATION:
+            self.out_of_range += 1
+            return None
+        if rec.total_iterations is not None and not 0 < rec.total_iterations <= MAX_ITERATION:
+            rec.total_iterations = None
         records = self.records.setdefault(fmt, {})
         old = records.get(rec.iteration)
         if old is not None:
@@ -243,6 +285,8 @@ class ScanState:
         return rec
 
     def fact(self, key: str, value: int | str | None) -> None:
+        if isinstance(value, int) and not 0 <= value <= MAX_ITERATION:
+            return  # no world size, batch or run length is that large
         if value is not None and value != "":
             self.scan.facts[key] = value
 
@@ -307,7 +351,7 @@ def formats_read() -> str:
 def _int_fact(value: str) -> int | None:
     try:
         return int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):  # 'inf', or more digits than a float holds
         return None
 
 
@@ -402,7 +446,8 @@ class NeMo2(LogFormat):
                 state.scan.notes.append("more than one epoch: steps keyed on global_step")
 
 
-_PROGRESS = re.compile(r"(\d+)/(\d+|\?)\s*\[")
+# (?<!\d): a match starts at the first digit of a run, so a long run costs one scan.
+_PROGRESS = re.compile(r"(?<!\d)(\d+)/(\d+|\?)\s*\[")
 
 
 def parse_nemo1_segment(text: str) -> StepRecord | None:
@@ -458,7 +503,7 @@ _MEGATRON_KEYS: dict[str, tuple[str, float]] = {
     "global batch size": ("global_batch_size", 1.0),
 }
 _TFLOPS_AFTER_UNIT = re.compile(r"TFLOP/s/GPU\)?\s*:\s*(" + _NUM + ")", re.I)
-_TFLOPS_BEFORE_UNIT = re.compile(r"(\d+(?:\.\d*)?)\s*(?:MODEL_)?TFLOP/s/GPU")
+_TFLOPS_BEFORE_UNIT = re.compile(r"(?<![\d.])(\d+(?:\.\d*)?)\s*(?:MODEL_)?TFLOP/s/GPU")
 _BRIDGE_STEP_TIME = re.compile(r"Step Time\s*:\s*(\d+(?:\.\d*)?)\s*s")
 # `  tensor_model_parallel_size ...................... 8`
 _ARGUMENT = re.compile(r"^\s*(\w+) \.{2,} (\S+)\s*$")
@@ -668,24 +713,46 @@ class MaxText(LogFormat):
 
 # --- torchtitan -----------------------------------------------------------------------------
 
-_TITAN_STEP = re.compile(r"\bstep:\s*(\d+)\s+loss:\s*(" + _NUM + r")")
+# torchtitan/components/metrics.py, MetricsProcessor.log:
+#   f"step: {step:2}  loss: {loss:7.4f}  grad_norm: {grad_norm:7.4f}  "
+#   f"memory: {max_reserved_gib:5.2f}GiB({max_reserved_pct:.2f}%)  tps: {round(tps):,}  "
+#   f"tflops: {tflops:,.2f}  mfu: {mfu:.2f}%"
+# (older releases print no grad_norm); its validator prints `validate step: ...`, which
+# is no training step.
+_TITAN_STEP = re.compile(r"(?<!validate )\bstep:\s*(\d+)\s+loss:\s*(" + _NUM + r")")
 _TITAN_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
 _TITAN_FIELDS = re.compile(
     r"grad_norm:\s*(?P<grad>" + _NUM + r")|memory:\s*(?P<mem>[\d.]+)GiB"
-    r"|tflops:\s*(?P<tflops>[\d.]+)")
+    r"|tflops:\s*(?P<tflops>\d[\d,]*(?:\.\d+)?)")
+# torchtitan/train.py, Trainer.train: `Training starts at step {self.step + 1}` (with the
+# batch sizes and run length in older releases), printed just before the first step.
+_TITAN_START_STEP = re.compile(r"Training starts at step (\d+)")
 _TITAN_START = re.compile(
     r"Training starts at step \d+, with local batch size (\d+), global batch size (\d+), "
     r"sequence length (\d+), total steps (\d+)")
 _TITAN_MESH = re.compile(r"device mesh with \[[^\]]*\], \[([\d, ]+)\]")
 
 
+def _titan_stamp(text: str) -> datetime | None:
+    stamp = _TITAN_TIME.search(text)
+    if stamp is None:
+        return None
+    try:
+        when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
+    except ValueError:  # 2026-13-45: not a time
+        return None
+    return when.replace(microsecond=int(stamp.group(2)) * 1000)
+
+
 @register
 class TorchTitan(LogFormat):
     """`[rank0]:[titan] 2025-06-16 22:30:50,322 - root - INFO - step: 200  loss:  6.1384
     memory: 49.66GiB(52.28%)  tps: 5,856  tflops: 339.16  mfu: 34.29%`, every rank
-    printing, every `log_freq` steps. No step time is printed: it is the time between two
-    logged steps (the interval torchtitan's own tps and mfu are measured over) divided by
-    the steps between them; the first logged step has none."""
+    printing, at step 1 and every `log_freq` steps. No step time is printed: it is the
+    time between two logged steps (the interval torchtitan's own tps and mfu are measured
+    over) divided by the steps between them. The first logged step is timed from the
+    `Training starts at step N` line printed just before it (so a log of steps 1-10 has
+    ten timed steps); in an excerpt without that line it has no time, and a note says so."""
 
     name = "torchtitan"
     title = "torchtitan"
@@ -695,6 +762,10 @@ class TorchTitan(LogFormat):
 
     def __init__(self):
         self.stamps: dict[int, datetime] = {}
+        self.order: list[int] = []  # the stamped iterations, sorted
+        self.start: tuple[int, datetime] | None = None
+        """(0-based iteration of the first step, when `Training starts` was printed)."""
+        self.untimed: int | None = None
 
     def read_head(self, text, state):
         if match := _TITAN_START.search(text):
@@ -705,6 +776,10 @@ class TorchTitan(LogFormat):
             state.fact("world_size", math.prod(int(d) for d in match.group(1).split(",")))
         elif "Profiling active" in text:
             state.profiled(text)
+        if self.start is None and (match := _TITAN_START_STEP.search(text)):
+            when = _titan_stamp(text)
+            if when is not None:
+                self.start = (int(match.group(1)) - 1, when)
 
     def read(self, text, state):
         step = _TITAN_STEP.search(text)
@@ -718,25 +793,41 @@ class TorchTitan(LogFormat):
             elif match.group("mem"):
                 rec.peak_memory_bytes = int(float(match.group("mem")) * 2**30)
             elif match.group("tflops"):
-                rec.tflops_per_gpu = float(match.group("tflops"))
-        stamp = _TITAN_TIME.search(text)
-        if stamp and rec.iteration not in self.stamps:
-            when = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
-            self.stamps[rec.iteration] = when.replace(microsecond=int(stamp.group(2)) * 1000)
-            earlier = [i for i in self.stamps if i < rec.iteration]
-            if earlier:
-                prev = max(earlier)
-                seconds = (self.stamps[rec.iteration] - self.stamps[prev]).total_seconds()
-                rec.step_time_s = seconds / (rec.iteration - prev)
+                rec.tflops_per_gpu = float(match.group("tflops").replace(",", ""))
+        when = _titan_stamp(text)
+        if when is not None and rec.iteration not in self.stamps:
+            self._time(rec, when)
         # Every rank prints the step; any of them names the format.
         state.step(self.name, rec)
         if state.detected is None:
             state.detected = self.name
 
+    def _time(self, rec: StepRecord, when: datetime) -> None:
+        """The step time of a newly stamped step: from the nearest earlier stamped step,
+        or for the first one from the training-start line."""
+        at = bisect.bisect_left(self.order, rec.iteration)
+        self.order.insert(at, rec.iteration)
+        self.stamps[rec.iteration] = when
+        if at > 0:
+            prev = self.order[at - 1]
+            since, steps = self.stamps[prev], rec.iteration - prev
+        elif self.start is not None and self.start[0] <= rec.iteration:
+            since, steps = self.start[1], rec.iteration - self.start[0] + 1
+        else:
+            self.untimed = rec.iteration
+            return
+        rec.step_time_s = (when - since).total_seconds() / steps
+
     def finish(self, state):
         total = state.scan.facts.get("total_iterations")
-        for rec in state.records.get(self.name, {}).values():
+        records = state.records.get(self.name, {})
+        for rec in records.values():
             rec.total_iterations = total if isinstance(total, int) else None
+        if self.untimed is not None and self.untimed in records and self.order \
+                and self.order[0] == self.untimed:
+            state.scan.notes.append(
+                f"torchtitan: the first logged step ({self.untimed + 1}) has no step time: "
+                "the log holds no `Training starts at step` line before it to time it from")
 
 
 FORMATS = ("trainbench",) + tuple(REGISTRY)
@@ -767,31 +858,40 @@ class _Dispatcher:
         return self.formats[self.state.detected].markers
 
     def feed(self, raw: bytes, truncated: bool) -> None:
-        text = raw.decode("utf-8", "replace")
-        if truncated:
-            text = _cut_truncated(text)
+        text = _line_text(raw, truncated)
         detected = self.state.detected
         for piece in split_ranks(text):
             for name, fmt in self.formats.items():
                 if detected is not None and name != detected:
                     continue
                 if any(m in piece for m in self.strings[name][0]):
-                    fmt.read(piece, self.state)
+                    self._guarded(fmt.read, piece)
 
     def feed_head(self, raw: bytes) -> None:
         """A line of the file's head: facts, banners, profiler lines."""
-        for piece in split_ranks(raw.decode("utf-8", "replace")):
+        for piece in split_ranks(_line_text(raw, False)):
             for name, fmt in self.formats.items():
                 _, head, banners = self.strings[name]
                 if any(m in piece for m in banners):
                     self.scan.families.add(name)
                 if any(m in piece for m in head):
-                    fmt.read_head(piece, self.state)
+                    self._guarded(fmt.read_head, piece)
             read_profiler_line(piece, self.state)
+
+    def _guarded(self, read, piece: str) -> None:
+        """A value beyond its type's range (an integer of 5,000 digits, which int() refuses;
+        a float overflow) leaves its line out, counted, instead of ending the scan."""
+        try:
+            read(piece, self.state)
+        except (ValueError, OverflowError):
+            self.state.out_of_range += 1
 
     def finish(self) -> None:
         for fmt in self.formats.values():
             fmt.finish(self.state)
+        if self.state.out_of_range:
+            self.scan.notes.append(f"{self.state.out_of_range} step line(s) with an iteration "
+                                   "or value out of range left out")
         by_format = self.state.records
         candidates = {k: v for k, v in by_format.items()
                       if any(r.step_time_s is not None for r in v.values())}
@@ -808,32 +908,60 @@ class _Dispatcher:
         self.scan.families.add(fmt)
 
 
+def _line_text(raw: bytes, truncated: bool) -> str:
+    """A segment as the formats read it, decoded: a line the file ended in the middle of
+    loses its last field (_cut_truncated); a line longer than MAX_SEGMENT is cut there and
+    loses the word the cut split (a step line's fields come first, and a 2 MB line costs no
+    more than its first 64 KiB)."""
+    if len(raw) > MAX_SEGMENT:
+        text = raw[:MAX_SEGMENT].decode("utf-8", "replace")
+        return text[:max(text.rfind(c) for c in " \t|,]") + 1]
+    text = raw.decode("utf-8", "replace")
+    return _cut_truncated(text) if truncated else text
+
+
+def _cut(buf: bytes, begin: int, end: int) -> bytes:
+    """buf[begin:end], at most one byte past MAX_SEGMENT (so _line_text still sees that it
+    was cut): a 64 MB segment is never copied whole."""
+    return buf[begin:min(end, begin + MAX_SEGMENT + 1)]
+
+
 def _segments(buf: bytes, start: int, end: int, markers: tuple[bytes, ...]):
     """(begin, end) of each line or progress-bar segment in buf[start:end] that holds a
-    marker, in file order. Segments end at '\\n' or '\\r' (tqdm redraws with '\\r')."""
+    marker, in file order. Segments end at '\\n' or '\\r' (tqdm redraws with '\\r').
+
+    Every search resumes where the previous one for the same marker stopped (the start of
+    a segment is looked for back to the end of the last one, its end forward from a
+    cached next line break), so a line of a million redraws costs one pass per marker,
+    not one per redraw."""
     hits = set()
     for marker in markers:
+        floor = start  # the end of the previous segment: no segment starts before it
+        next_nl = next_cr = start - 1  # the next b"\n" / b"\r" at or after a hit; end: none
         pos = buf.find(marker, start, end)
         while pos >= 0:
-            line_start = buf.rfind(b"\n", start, pos) + 1 or start
-            line_start = max(line_start, start)
-            cr = buf.rfind(b"\r", line_start, pos)
-            seg_start = cr + 1 if cr >= 0 else line_start
-            nl = buf.find(b"\n", pos, end)
-            line_end = nl if nl >= 0 else end
-            cr = buf.find(b"\r", pos, line_end)
-            seg_end = cr if cr >= 0 else line_end
+            back = max(buf.rfind(b"\n", floor, pos), buf.rfind(b"\r", floor, pos))
+            seg_start = back + 1 if back >= 0 else floor
+            if next_nl < pos:
+                found = buf.find(b"\n", pos, end)
+                next_nl = found if found >= 0 else end
+            if next_cr < pos:
+                found = buf.find(b"\r", pos, next_nl)
+                next_cr = found if found >= 0 else next_nl
+            seg_end = min(next_nl, next_cr)
             hits.add((seg_start, seg_end))
+            floor = seg_end
             pos = buf.find(marker, seg_end, end)
     return sorted(hits)
 
 
 def scan_log(path: str | Path, chunk_size: int = CHUNK_SIZE) -> LogScan:
     """Stream a log file and return its step records and facts; never holds the file
-    whole. The head and the tail (HEAD_BYTES, TAIL_BYTES) are read once more for facts."""
+    whole. The head and the tail (HEAD_BYTES, TAIL_BYTES) are read once more for facts.
+    files.NotRegularFile for a FIFO, device, socket or directory: never read."""
     scan = LogScan(Path(path))
     acc = _Dispatcher(scan)
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
         _edge(fh, 0, HEAD_BYTES, acc.head_markers, acc.feed_head)
         fh.seek(0)
         _stream(fh, scan, acc, chunk_size)
@@ -855,13 +983,13 @@ def _edge(fh, start: int, end: int, markers: tuple[bytes, ...], feed) -> None:
     begin = buf.find(b"\n") + 1 if start > 0 else 0
     stop = len(buf) if len(buf) < end - start else buf.rfind(b"\n") + 1
     for seg_start, seg_end in _segments(buf, begin, stop, markers):
-        feed(buf[seg_start:seg_end])
+        feed(_cut(buf, seg_start, seg_end))
 
 
 def _stream(fh, scan: LogScan, acc: _Dispatcher, chunk_size: int) -> None:
     def feed_region(buf: bytes, start: int, end: int) -> None:
         for seg_start, seg_end in _segments(buf, start, end, acc.markers()):
-            acc.feed(buf[seg_start:seg_end], truncated=False)
+            acc.feed(_cut(buf, seg_start, seg_end), truncated=False)
 
     carry = b""  # the partial line at the end of the previous chunk
     while True:
@@ -887,7 +1015,7 @@ def _stream(fh, scan: LogScan, acc: _Dispatcher, chunk_size: int) -> None:
     if carry:
         scan.truncated_last_line = True
         for seg_start, seg_end in _segments(carry, 0, len(carry), acc.markers()):
-            acc.feed(carry[seg_start:seg_end], truncated=seg_end == len(carry))
+            acc.feed(_cut(carry, seg_start, seg_end), truncated=seg_end == len(carry))
 
 
 def _count_step_like(fh, scan: LogScan, chunk_size: int, limit: int = 64 * 2**20) -> None:
@@ -896,55 +1024,111 @@ def _count_step_like(fh, scan: LogScan, chunk_size: int, limit: int = 64 * 2**20
     fh.seek(0)
     buf = fh.read(limit)
     for seg_start, seg_end in _segments(buf, 0, len(buf), (b"oss",)):
-        low = buf[seg_start:seg_end].decode("utf-8", "replace").lower()
+        low = _cut(buf, seg_start, seg_end).decode("utf-8", "replace").lower()
         if "loss" in low and ("step" in low or "iter" in low):
             scan.step_like_lines += 1
 
 
 # --- trainbench's metrics.jsonl ------------------------------------------------------------
 
+class _OutOfRange(ValueError):
+    """A JSON number beyond what its field can hold (an integer of 400 digits)."""
+
+
+_JSON_NUMBER_TEXT = re.compile(_NUM, re.I | re.A)
+_MAX_JSON_INT = 2**63
+"""Counts and byte sizes past this are no run's (and past a float's range, float() fails)."""
+
+
 def _number(value) -> float | None:
-    """A JSON value as float; the engine writes NaN/inf as the strings 'nan'/'inf'."""
-    if value is None:
+    """A JSON value as float (the engine writes NaN/inf as the strings 'nan'/'inf'); None
+    where it is no number; _OutOfRange for an integer beyond _MAX_JSON_INT."""
+    if value is None or isinstance(value, bool):
         return None
-    try:
+    if isinstance(value, int):
+        if abs(value) > _MAX_JSON_INT:
+            raise _OutOfRange
         return float(value)
-    except (TypeError, ValueError):
-        return None
+    if isinstance(value, float):
+        return value
+    if isinstance(value, str) and len(value) <= 40 and _JSON_NUMBER_TEXT.fullmatch(value):
+        return number(value)
+    return None
+
+
+def _int_or_none(value) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > _MAX_JSON_INT:
+            raise _OutOfRange
+        return value
+    number_ = _number(value)
+    return int(number_) if number_ is not None and math.isfinite(number_) else None
 
 
 def read_metrics_jsonl(path: str | Path) -> LogScan:
-    """trainbench's metrics.jsonl (one StepMetrics object per line); a malformed or
-    truncated line is skipped."""
+    """trainbench's metrics.jsonl (one StepMetrics object per line). A malformed or
+    truncated line is skipped, a line longer than MAX_JSONL_LINE is skipped unread, and a
+    value beyond its field's range (an integer of 400 digits, an iteration past
+    MAX_ITERATION) is left out of that field (or, for the iteration, the line); the notes
+    count what was left out. files.NotRegularFile for a FIFO, device or directory."""
     scan = LogScan(Path(path), format="trainbench")
     by_iteration: dict[int, StepRecord] = {}
-    with open(path, "rb") as fh:
-        for raw in fh:
+    long_lines = 0
+    refused: list[str] = []
+    with open_regular(path) as fh:
+        while raw := fh.readline(MAX_JSONL_LINE + 1):
             scan.bytes_read += len(raw)
             if not raw.endswith(b"\n"):
+                if len(raw) > MAX_JSONL_LINE:
+                    long_lines += 1
+                    scan.bytes_read += _skip_line(fh)
+                    continue
                 scan.truncated_last_line = True
             try:
                 data = json.loads(raw)
-                iteration = int(data["iteration"])
-            except (ValueError, KeyError, TypeError):
+                iteration = data["iteration"]
+            except (ValueError, KeyError, TypeError, RecursionError):
+                continue
+            if (not isinstance(iteration, int) or isinstance(iteration, bool)
+                    or not 0 <= iteration <= MAX_ITERATION):
+                if isinstance(iteration, (int, float)) and not isinstance(iteration, bool):
+                    refused.append("iteration")
                 continue
             rec = StepRecord(iteration)
-            rec.total_iterations = _int_or_none(data.get("total_iterations"))
-            for name in ("step_time_s", "tflops_per_gpu", "loss", "grad_norm"):
-                setattr(rec, name, _number(data.get(name)))
-            for name in _INT_FIELDS:
-                setattr(rec, name, _int_or_none(data.get(name)))
+            for name in ("total_iterations", "step_time_s", "tflops_per_gpu", "loss",
+                         "grad_norm", *sorted(_INT_FIELDS)):
+                convert = _number if name in _FLOAT_FIELDS else _int_or_none
+                try:
+                    setattr(rec, name, convert(data.get(name)))
+                except _OutOfRange:
+                    refused.append(f"{name} at iteration {iteration}")
+            if rec.total_iterations is not None and not 0 < rec.total_iterations <= MAX_ITERATION:
+                rec.total_iterations = None
             if rec.step_time_s is not None:
                 by_iteration[iteration] = rec
     scan.records = sorted(by_iteration.values(), key=lambda r: r.iteration)
+    if long_lines:
+        scan.notes.append(f"metrics.jsonl: {long_lines} line(s) longer than "
+                          f"{MAX_JSONL_LINE // 2**20} MiB skipped")
+    if refused:
+        scan.notes.append(f"metrics.jsonl: {len(refused)} value(s) beyond their field's range "
+                          f"left out (first: {refused[0]})")
     if not scan.records:
         scan.format = None
     return scan
 
 
-def _int_or_none(value) -> int | None:
-    number_ = _number(value)
-    return int(number_) if number_ is not None and math.isfinite(number_) else None
+_FLOAT_FIELDS = {"step_time_s", "tflops_per_gpu", "loss", "grad_norm"}
+
+
+def _skip_line(fh) -> int:
+    """Read past the rest of an over-long line, a chunk at a time; bytes read."""
+    skipped = 0
+    while chunk := fh.readline(CHUNK_SIZE):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
 
 
 # --- the line that says why a run failed -------------------------------------------------------
@@ -970,11 +1154,11 @@ def find_failure(path: str | Path, chunk_size: int = CHUNK_SIZE,
     line (an exception message preferred over a bare `Traceback`) and class None.
     max_bytes: read no further back than this from the end."""
     from .status import classify_failure, failure_rank
-    size = Path(path).stat().st_size
     weak: str | None = None
     strong: str | None = None
     best: tuple[int, str, str] | None = None
-    with open(path, "rb") as fh:
+    with open_regular(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
         end = size
         tail = b""
         while end > 0:
@@ -989,7 +1173,7 @@ def find_failure(path: str | Path, chunk_size: int = CHUNK_SIZE,
             cut = newline + 1 if start > 0 else 0
             lines = []
             for seg_start, seg_end in _segments(buf, cut, len(buf), _ERROR_MARKERS):
-                lines.append(buf[seg_start:seg_end].decode("utf-8", "replace").strip())
+                lines.append(_cut(buf, seg_start, seg_end).decode("utf-8", "replace").strip())
             for line in reversed(lines):
                 if not line or "train_step_timing" in line:
                     continue

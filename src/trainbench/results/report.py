@@ -10,7 +10,8 @@ from collections import Counter
 from dataclasses import fields
 
 from .parse import formats_read
-from .status import FAILED, INCOMPLETE, INVALID, RATED, STATUSES, SUCCESS, UNRECOGNISED
+from .status import (FAILED, INCOMPLETE, INVALID, RATED, RUNNING, STATUSES, SUCCESS,
+                     UNRECOGNISED)
 from .summary import ExperimentResult
 
 FORMATS = ("table", "csv", "json")
@@ -70,13 +71,14 @@ def summary(results: list[ExperimentResult]) -> dict:
 
 def summary_line(results: list[ExperimentResult]) -> str:
     s = summary(results)
-    shown = [st for st in STATUSES if st != UNRECOGNISED or s[st.lower()]]
+    shown = [st for st in STATUSES if st in RATED or s[st.lower()]]
     parts = ", ".join(f"{s[st.lower()]} {st}" for st in shown)
     rated = sum(s[st.lower()] for st in RATED)
     conventions = sorted({r.mfu_convention for r in results if r.mfu_convention})
     line = (f"{s['experiments']} experiment(s): {parts}; success rate "
             f"{s['success_rate_pct']:.0f}% ({s[SUCCESS.lower()]}/{rated}"
-            + (" readable" if s[UNRECOGNISED.lower()] else "") + ")")
+            + (" readable" if s[UNRECOGNISED.lower()] else "")
+            + (" ended" if s[RUNNING.lower()] else "") + ")")
     if conventions:
         line += f"; MFU convention: {', '.join(conventions)}"
     return line
@@ -139,7 +141,7 @@ def _mfu(r: ExperimentResult) -> str:
 
 
 _STATUS_STYLE = {SUCCESS: "green", INCOMPLETE: "yellow", FAILED: "red", INVALID: "magenta",
-                 UNRECOGNISED: "blue"}
+                 UNRECOGNISED: "blue", RUNNING: "cyan"}
 
 TABLE_COLUMNS = (
     # header, cell, justify; only the experiment name may wrap.
@@ -168,20 +170,65 @@ TABLE_COLUMNS = (
 )
 
 
-def build_table(results: list[ExperimentResult], title: str = "trainbench results"):
+# Which columns a narrow terminal keeps, most important first: the run, its status and the
+# verdict, then what it ran and its key figures. The experiment name folds onto more lines
+# (at least NAME_WIDTH wide); every other cell stays on one line, whole.
+COLUMN_PRIORITY = ("experiment", "status", "verdict", "workload", "GPUs", "step s±sd",
+                   "tokens/s", "MFU", "TFLOPS/GPU", "mem GiB", "%ref tok/s", "fmt", "GBS",
+                   "window", "tok/s/GPU", "days/1T", "%ref step", "J/token")
+NAME_WIDTH = 20
+
+
+def fitted_columns(results: list[ExperimentResult], width: int | None
+                   ) -> tuple[list[tuple], int | None]:
+    """(the columns of TABLE_COLUMNS that fit `width` characters, in their table order;
+    the experiment column's width). None: no limit, every column and the names whole.
+    Each column costs its widest cell and 3 characters of padding and rule."""
+    from rich.cells import cell_len
+    natural = {header: max([cell_len(header)] + [cell_len(cell(r)) for r in results])
+               for header, cell, _ in TABLE_COLUMNS}
+    if width is None:
+        return list(TABLE_COLUMNS), None
+    name = min(natural["experiment"], NAME_WIDTH)
+    used = 1 + name + 3  # the left rule, then the experiment column
+    kept = {"experiment"}
+    for header in COLUMN_PRIORITY[1:]:
+        if header != "status" and used + natural[header] + 3 > width:
+            break  # the columns after it matter less: the room left goes to the names
+        used += natural[header] + 3
+        kept.add(header)
+    name += max(0, min(natural["experiment"] - name, width - used))
+    return [c for c in TABLE_COLUMNS if c[0] in kept], name
+
+
+def build_table(results: list[ExperimentResult], title: str = "trainbench results",
+                width: int | None = None):
+    """The results table; with `width`, only the columns that fit it (fitted_columns)."""
     from rich.table import Table
     from rich.text import Text
+    columns, name_width = fitted_columns(results, width)
     table = Table(title=title)
-    for header, _, justify in TABLE_COLUMNS:
+    for header, _, justify in columns:
         if header == "experiment":
-            table.add_column(header, justify=justify, overflow="fold", min_width=20)
+            table.add_column(header, justify=justify, overflow="fold", min_width=NAME_WIDTH,
+                             width=name_width)
         else:
             table.add_column(header, justify=justify, no_wrap=True)
     for r in results:
         # Text cells: names from the file system are never read as rich markup.
         table.add_row(*(Text(cell(r), style=_STATUS_STYLE[r.status] if header == "status" else "")
-                        for header, cell, _ in TABLE_COLUMNS))
+                        for header, cell, _ in columns))
     return table
+
+
+def table_width(console) -> int | None:
+    """The width the table must fit: COLUMNS where it is set (as `ls` and rich honour
+    it), else the terminal's; None (no limit) when piped or written to a file."""
+    import os
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isascii() and columns.isdigit() and int(columns) >= 40:
+        return int(columns)
+    return console.width if console.is_terminal else None
 
 
 def detail_lines(results: list[ExperimentResult]) -> list[str]:
@@ -198,12 +245,25 @@ def detail_lines(results: list[ExperimentResult]) -> list[str]:
     return lines
 
 
-def print_table(results: list[ExperimentResult], console, convention: str) -> None:
-    if not console.is_terminal:
+def print_table(results: list[ExperimentResult], console, convention: str,
+                fit: bool = True) -> None:
+    """The table, the detail lines and the summary. fit: keep to the terminal's width
+    (table_width), leaving out the columns that do not fit and saying which; else (piped,
+    a file) every column, whole."""
+    width = table_width(console) if fit else None
+    if width is None:
         # Piped or written to a file: nothing limits the width, so no cell is cut.
         console.width = max(console.width, 400)
+    else:
+        console.width = width
     console.print(build_table(results, title=f"trainbench results (FLOPs convention: "
-                                             f"{convention})"))
+                                             f"{convention})", width=width))
+    shown = {c[0] for c in fitted_columns(results, width)[0]}
+    left_out = [header for header, _, _ in TABLE_COLUMNS if header not in shown]
+    if left_out:
+        console.print(f"left out to fit {width} columns: {', '.join(left_out)} (a wider "
+                      "terminal, COLUMNS=250, or --format csv|json shows every field)",
+                      markup=False, highlight=False)
     for line in detail_lines(results):
         console.print(line, markup=False, highlight=False)
     console.print(summary_line(results), markup=False, highlight=False)

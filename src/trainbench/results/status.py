@@ -8,6 +8,11 @@
 - Invalid: a NaN or infinite loss or gradient norm; the timings mean nothing.
 - Unrecognised: a log in no format trainbench reads, with no known cause of failure in
   it; not counted in the success rate.
+- Running: a trainbench run that has not ended (no exit.json, and its launcher still runs
+  or the job history says it is queued or running); not counted in the success rate.
+
+A non-finite or non-positive step time makes a run Invalid as a NaN loss does; a run whose
+exit.json holds a non-zero exit code is never a Success (summary.summarize_experiment).
 
 A failed run's cause is classified (FAILURE_CLASSES) from the line that states it.
 """
@@ -25,9 +30,11 @@ INCOMPLETE = "Incomplete"
 FAILED = "Failed"
 INVALID = "Invalid"
 UNRECOGNISED = "Unrecognised"
-STATUSES = (SUCCESS, INCOMPLETE, FAILED, INVALID, UNRECOGNISED)
+RUNNING = "Running"
+STATUSES = (SUCCESS, INCOMPLETE, FAILED, INVALID, UNRECOGNISED, RUNNING)
 RATED = (SUCCESS, INCOMPLETE, FAILED, INVALID)
-"""The statuses the success rate counts: an unrecognised log says nothing about a run."""
+"""The statuses the success rate counts: an unrecognised log says nothing about a run, and
+a running one has not ended."""
 
 # Why a run failed, most specific cause first: a Slurm time limit or a node failure
 # explains the killed ranks and NCCL timeouts after it; an out-of-memory rank explains
@@ -84,17 +91,27 @@ def logging_stride(iterations: list[int]) -> int:
     return gaps.most_common(1)[0][0] if gaps else 1
 
 
-def window_gaps(iterations: list[int], window: tuple[int, int], stride: int = 1) -> list[int]:
-    """Iterations of the window (at the logging stride) that the log does not have."""
+def window_gaps(iterations: list[int], window: tuple[int, int], stride: int = 1,
+                shown: int = 5) -> tuple[int, list[int]]:
+    """(how many iterations of the window, at the logging stride, the log does not have;
+    the first `shown` of them). Counted, never listed: a window of a billion iterations
+    costs time in the iterations logged, not in the window."""
     start, end = window
     have = set(iterations)
     inside = [i for i in iterations if start <= i <= end]
     first = inside[0] if inside else start
     # Align the expected grid to the logged iterations, so a log of every 10th step
     # expects 10, 20, ... rather than the window's own start.
-    while first - stride >= start:
-        first -= stride
-    return [i for i in range(first, end + 1, stride) if i not in have]
+    first -= (first - start) // stride * stride
+    grid = range(first, end + 1, stride)
+    present = sum(1 for i in have if i in grid)
+    missing: list[int] = []
+    for i in grid:  # stops after `shown` gaps; at most len(have) present ones are passed
+        if len(missing) == shown:
+            break
+        if i not in have:
+            missing.append(i)
+    return len(grid) - present, missing
 
 
 def compute_status(records: list[StepRecord], total_iterations: int | None,
@@ -119,8 +136,10 @@ def compute_status(records: list[StepRecord], total_iterations: int | None,
     for rec in records:
         bad = rec.nonfinite_field()
         if bad:
-            name = "loss" if bad == "loss" else "gradient norm"
-            return RunStatus(INVALID, f"{name} is {getattr(rec, bad)} at iteration {rec.iteration}")
+            name = {"loss": "loss", "grad_norm": "gradient norm",
+                    "step_time_s": "step time"}[bad]
+            return RunStatus(INVALID, f"{name} is {getattr(rec, bad)} at iteration {rec.iteration}"
+                             + (": the timings mean nothing" if bad == "step_time_s" else ""))
     iterations = [r.iteration for r in records]
     last = iterations[-1]
     stride = logging_stride(iterations)
@@ -138,9 +157,9 @@ def compute_status(records: list[StepRecord], total_iterations: int | None,
     start, end = window
     if end > last:
         return RunStatus(INCOMPLETE, f"window {start}-{end} extends past the last iteration {last}")
-    missing = window_gaps(iterations, window, stride)
-    if missing:
-        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
-        return RunStatus(INCOMPLETE, f"window {start}-{end} misses {len(missing)} "
+    count, missing = window_gaps(iterations, window, stride)
+    if count:
+        shown = ", ".join(map(str, missing)) + (" ..." if count > len(missing) else "")
+        return RunStatus(INCOMPLETE, f"window {start}-{end} misses {count} "
                                      f"iteration(s): {shown}")
     return RunStatus(SUCCESS, "; ".join(notes))

@@ -18,12 +18,13 @@ from pathlib import Path
 from .. import flops as fl
 from .. import metrics
 from ..catalog import hardware, models, recipes, references
+from ..files import MAX_RECORD_BYTES, describe_read_error, file_kind, is_regular, read_bounded
 from ..launch.experiment import (EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE,
                                  launcher_gone)
 from .infer import Identity, infer_identity
 from .parse import LogScan, StepRecord, find_failure, read_metrics_jsonl, scan_log
-from .status import (FAILED, INCOMPLETE, INVALID, SUCCESS, UNRECOGNISED, classify_failure,
-                     compute_status)
+from .status import (FAILED, INCOMPLETE, INVALID, RUNNING, SUCCESS, UNRECOGNISED,
+                     classify_failure, compute_status)
 
 LOG_SUFFIXES = (".out", ".log")
 _CAUSE_TAIL = 8 * 2**20
@@ -153,31 +154,45 @@ def _is_main_log(path: Path) -> bool:
     return path.name.startswith("log-") and path.suffix in LOG_SUFFIXES
 
 
-def find_experiments(paths: list[str | Path]) -> list[tuple[Path, bool]]:
+def find_experiments(paths: list[str | Path],
+                     skipped: list[str] | None = None) -> list[tuple[Path, bool]]:
     """Experiments under the given paths, as (path, certain) pairs in a stable order.
 
     A directory with plan.json or metrics.jsonl is one experiment (not descended into);
     a `log-*.out` file is one; another *.out/*.log file is one only if it holds step
     lines, which the caller learns by parsing it (certain=False). A file named on the
-    command line is always an experiment. FileNotFoundError for a path that does not exist.
+    command line is always an experiment. Only regular files are logs: a FIFO, device or
+    socket never ends, so it is not read, and a line saying so goes to `skipped` (as does
+    a directory that cannot be listed). FileNotFoundError for a path that does not exist.
     """
     found: list[tuple[Path, bool]] = []
     seen: set[Path] = set()
+    skipped = skipped if skipped is not None else []
 
     def add(p: Path, certain: bool) -> None:
-        key = p.resolve()
+        try:
+            key = p.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: no file at its end
+            skipped.append(f"{p}: a symbolic link loop, not read")
+            return
         if key not in seen:
             seen.add(key)
             found.append((p, certain))
+
+    def unlisted(err: OSError) -> None:
+        skipped.append(f"{err.filename}: cannot be listed ({err.strerror}), not read")
 
     for raw in paths:
         top = Path(raw)
         if not top.exists():
             raise FileNotFoundError(f"{top} does not exist")
-        if top.is_file():
+        if is_regular(top):
             add(top.parent if is_experiment_dir(top.parent) else top, True)
             continue
-        for root, dirs, files in os.walk(top):
+        if not top.is_dir():
+            skipped.append(_not_regular(top))
+            continue
+        for root, dirs, files in os.walk(top, onerror=unlisted):
             here = Path(root)
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             if is_experiment_dir(here):
@@ -186,9 +201,24 @@ def find_experiments(paths: list[str | Path]) -> list[tuple[Path, bool]]:
                 continue
             for name in sorted(files):
                 p = here / name
-                if p.suffix in LOG_SUFFIXES:
+                if p.suffix not in LOG_SUFFIXES:
+                    continue
+                if is_regular(p):
                     add(p, _is_main_log(p))
+                else:
+                    skipped.append(_not_regular(p))
     return found
+
+
+def _not_regular(path: Path, label: str | None = None) -> str:
+    """The line that says why a path named like a log was not read (labelled `label`,
+    else by the path)."""
+    label = label or str(path)
+    try:
+        kind = file_kind(path.stat().st_mode)
+    except OSError as err:
+        return f"{label}: cannot be read ({err.strerror}), not read"
+    return f"{label}: {kind}, not a regular file, not read"
 
 
 # --- reading a trainbench run directory -------------------------------------------------------
@@ -204,12 +234,20 @@ class _RunFacts:
 
 
 def _read_json(path: Path, notes: list[str]) -> dict | None:
-    if not path.is_file():
+    """A run record as a dict; None with a note when it is absent, not a regular file, too
+    large, not JSON or not an object. Nothing here ends the summary."""
+    if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        notes.append(f"{path.name} unreadable: {err}")
+        data = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+    except OSError as err:
+        notes.append(f"{path.name} unreadable: {describe_read_error(err)}")
+        return None
+    except RecursionError:
+        notes.append(f"{path.name} unreadable: nested too deeply")
+        return None
+    except ValueError as err:
+        notes.append(f"{path.name} unreadable: {str(err).splitlines()[0][:200]}")
         return None
     if not isinstance(data, dict):
         notes.append(f"{path.name} is not a JSON object")
@@ -237,12 +275,18 @@ def _read_run_dir(directory: Path, notes: list[str]) -> _RunFacts:
     return facts
 
 
-def _run_dir_log(directory: Path, plan: dict | None) -> Path | None:
-    if plan and plan.get("name"):
+def _run_dir_log(directory: Path, plan: dict | None, notes: list[str]) -> Path | None:
+    """The run's log: the one its plan names, else the first log-*.out, else any log.
+    Only regular files are logs; one that is not (a FIFO) is named in the notes."""
+    candidates = sorted(p for p in directory.iterdir() if p.suffix in LOG_SUFFIXES)
+    for p in candidates:
+        if not is_regular(p) and p.exists():
+            notes.append(_not_regular(p, p.name))
+    logs = [p for p in candidates if is_regular(p)]
+    if plan and isinstance(plan.get("name"), str):
         named = directory / f"log-{plan['name']}.out"
-        if named.is_file():
+        if named in logs:
             return named
-    logs = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in LOG_SUFFIXES)
     mains = [p for p in logs if _is_main_log(p)]
     return (mains or logs or [None])[0]
 
@@ -310,8 +354,10 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
         scan = None  # a run directory's own files decide what is read
         facts = _read_run_dir(path, notes)
         metrics_file = path / METRICS_FILE
-        log_file = _run_dir_log(path, facts.plan)
-        if metrics_file.is_file():
+        log_file = _run_dir_log(path, facts.plan, notes)
+        if metrics_file.exists() and not is_regular(metrics_file):
+            notes.append(_not_regular(metrics_file, METRICS_FILE))
+        elif metrics_file.is_file():
             scan = read_metrics_jsonl(metrics_file)
             if scan.truncated_last_line:
                 notes.append("metrics.jsonl ends mid-line (run still writing or killed)")
@@ -357,13 +403,19 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
 
     # Status (the log's last error line is looked up only when something went wrong).
     if facts.exit is not None:
-        try:
-            result.exit_code = int(facts.exit.get("exit_code"))
-        except (TypeError, ValueError):
+        code = facts.exit.get("exit_code")
+        if isinstance(code, int) and not isinstance(code, bool) and -2**31 <= code < 2**31:
+            result.exit_code = code
+        else:
             notes.append("exit.json has no integer exit_code")
-    elif path.is_dir() and launcher_gone(path):
-        # Killed with SIGKILL, the launcher wrote no exit.json: the run ended, and failed.
-        facts.exit = {"reason": "launcher killed: it ended without writing exit.json"}
+    elif path.is_dir():
+        running = _still_running(path)
+        if running is not None:
+            _running(result, scan, facts, running)
+            return result
+        if launcher_gone(path):
+            # Killed with SIGKILL, the launcher wrote no exit.json: the run ended, and failed.
+            facts.exit = {"reason": "launcher killed: it ended without writing exit.json"}
     failed_end = facts.exit is not None and result.exit_code != 0
     recognised = scan.recognised or facts.plan is not None
     provisional = compute_status(scan.records, total, win or (0, 0), recognised=recognised)
@@ -379,7 +431,8 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     elif status.status not in (FAILED, INCOMPLETE):
         result.failure_class = None
     result.status, result.status_detail = status.status, status.detail
-    if result.exit_code and status.status == SUCCESS:
+    failed_after_last_step = bool(result.exit_code) and status.status == SUCCESS
+    if failed_after_last_step:
         result.status_detail = (f"exit code {result.exit_code} after the last step"
                                 + (f": {result.last_error}" if result.last_error else ""))
 
@@ -388,11 +441,45 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     _telemetry(result, facts)
     _profiling_overhead(result, facts)
     _straggler(result, facts)
+    if failed_after_last_step:
+        # Every step logged, then a non-zero exit (a crash in the final checkpoint, a rank
+        # killed at teardown): its steps' timings stand, but the run did not end as it
+        # should, so it is never a Success.
+        result.status = FAILED
     _compare(result, spec, convention, tolerance_pct)
     return result
 
 
-def profiled_iterations(features: dict) -> tuple[set[int], set[int]]:
+def _still_running(directory: Path) -> str | None:
+    """Why a run directory without exit.json belongs to a run that has not ended, or None:
+    its recorded local launcher still runs, or (no launcher recorded: a Slurm job) the job
+    history says the job is queued or running."""
+    gone = launcher_gone(directory)
+    if gone is False:
+        return "its launcher is still running"
+    if gone is None:
+        from ..launch.jobs import recorded_activity
+        state = recorded_activity(directory)
+        if state is not None:
+            return f"the job history says {state}"
+    return None
+
+
+def _running(result: ExperimentResult, scan: LogScan, facts: _RunFacts, why: str) -> None:
+    """A run in progress: its steps so far, no verdict on them, not in the success rate."""
+    records = scan.records
+    result.status = RUNNING
+    result.status_detail = (f"in progress ({why}): "
+                            + (f"{len(records)} step(s) logged, the last iteration "
+                               f"{records[-1].iteration}" if records else "no step logged yet"))
+    result.verdict = "running"
+    peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes]
+    if peaks:
+        result.peak_memory_gib = max(peaks) / 2**30
+    _comparability(result, facts, scan)
+
+
+def profiled_iterations(features: dict) -> tuple[range, set[int]]:
     """(iterations a profiled run traced, iterations the profiler touched before them).
 
     torch.profiler is prepared (its warm-up: Kineto, and CUPTI on a GPU, already
@@ -402,8 +489,13 @@ def profiled_iterations(features: dict) -> tuple[set[int], set[int]]:
     mode = features.get("profile")
     if not mode:
         return set(), set()
-    start, stop = int(features.get("profile_start", 0)), int(features.get("profile_stop", -1))
-    traced = set(range(start, stop + 1))
+    try:
+        start, stop = int(features.get("profile_start", 0)), int(features.get("profile_stop", -1))
+    except (TypeError, ValueError, OverflowError):
+        return range(0), set()
+    # A range, never a set: a plan.json may name any span, and `in`, min and max on a
+    # range cost nothing.
+    traced = range(start, stop + 1)
     return traced, ({start - 1} if mode == "torch" and start > 0 else set())
 
 
@@ -600,7 +692,8 @@ def _last_error(log_file: Path | None, exit_info: dict | None) -> tuple[str | No
     if log_file is not None and log_file.is_file():
         cls, line = find_failure(log_file)
     if exit_info and exit_info.get("reason"):
-        reason = str(exit_info["reason"])
+        # Cut as a log's error line is: the failure patterns run over it.
+        reason = " ".join(str(exit_info["reason"])[:500].split())
         cls = classify_failure(reason) or cls
         if exit_info.get("executor") == "local":
             return cls, reason  # the local launcher already named the cause, from every rank
@@ -639,11 +732,15 @@ def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str
     if run.get("mfu_not_applicable"):  # CPU FP8: an emulation, no peak to compare with
         result.notes.append(run["mfu_not_applicable"])
         return None, NO_PEAK_CPU_FP8
-    if run.get("peak_tflops"):
-        return float(run["peak_tflops"]), run.get("peak_source") or "run.json"
+    for record, name, source in ((run, RUN_FILE, run.get("peak_source") or "run.json"),
+                                 (facts.plan or {}, PLAN_FILE, "catalog")):
+        if record.get("peak_tflops"):
+            peak = _positive_number(record["peak_tflops"])
+            if peak is None:  # the note names the field, never its value (NaN, -1e9, ...)
+                result.notes.append(f"{name} peak_tflops is not a positive number: no MFU")
+                return None, None
+            return peak, str(source)
     if facts.plan is not None:
-        if facts.plan.get("peak_tflops"):
-            return float(facts.plan["peak_tflops"]), "catalog"
         if result.gpu_type == hardware.CPU:
             result.notes.append("CPU run without run.json: no measured GEMM peak, no MFU")
         return None, None
@@ -654,6 +751,17 @@ def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str
             return None, None
         return (peak, "catalog") if peak else (None, None)
     return None, None
+
+
+def _positive_number(value) -> float | None:
+    """A JSON value as a positive, finite float; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
 
 
 def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: str,
@@ -713,7 +821,8 @@ def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: s
     problem = metrics.mfu_problem(result.mfu_pct, peak, source)
     if problem:
         # Never a normal figure: tables, sorting, plots and the job history see no MFU.
-        result.mfu_invalid_pct, result.mfu_pct, result.mfu_problem = result.mfu_pct, None, problem
+        invalid = result.mfu_pct if math.isfinite(result.mfu_pct) else None
+        result.mfu_invalid_pct, result.mfu_pct, result.mfu_problem = invalid, None, problem
         result.notes.append(problem)
     elif result.mfu_pct is not None and source == "measured GEMM":
         result.notes.append(f"MFU against the measured GEMM peak of {peak:.3g} TFLOPS "
@@ -784,16 +893,25 @@ def _compare(result: ExperimentResult, spec, convention: str, tolerance_pct: flo
         result.verdict = f"throttled: {result.verdict}"
 
 
-def summarize_paths(paths: list[str | Path], **options) -> list[ExperimentResult]:
+def summarize_paths(paths: list[str | Path], skipped: list[str] | None = None,
+                    **options) -> list[ExperimentResult]:
     """summarize_experiment over every experiment found under paths (see
-    find_experiments); a log file not named log-* is kept only if it has step lines."""
+    find_experiments); a log file not named log-* is kept only if it has step lines.
+
+    An experiment that cannot be read (a metrics.jsonl without read permission, a log
+    replaced by a FIFO) is left out, and a line naming it and why goes to `skipped`: one
+    unreadable run never hides the others."""
+    skipped = skipped if skipped is not None else []
     results = []
-    for path, certain in find_experiments(paths):
-        scan = None
-        if not certain:
-            scan = scan_log(path)
-            if not (scan.records or scan.recognised or scan.step_like_lines >= 3
-                    or find_failure(path, max_bytes=_CAUSE_TAIL)[0]):
-                continue  # a batch script's output, not a training log
-        results.append(summarize_experiment(path, scan=scan, **options))
+    for path, certain in find_experiments(paths, skipped):
+        try:
+            scan = None
+            if not certain:
+                scan = scan_log(path)
+                if not (scan.records or scan.recognised or scan.step_like_lines >= 3
+                        or find_failure(path, max_bytes=_CAUSE_TAIL)[0]):
+                    continue  # a batch script's output, not a training log
+            results.append(summarize_experiment(path, scan=scan, **options))
+        except OSError as err:
+            skipped.append(f"{path}: {describe_read_error(err)}, not read")
     return results
