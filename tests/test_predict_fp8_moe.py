@@ -3,6 +3,7 @@ each pinned to a count written out by hand from the kernels the module cites: bf
 elements are 2 B, FP8 ones 1 B."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -120,8 +121,11 @@ def test_permutation_bytes_by_hand():
     # (2 x 16000), unpermute (read 8000 copies, write 1000 tokens); the backward the same.
     expected = 2 * (16000 + 32000 + 9000) * 2048 * 2
     assert moe_cost.permutation_bytes(1000, 8000, 2048, 2, 16, 8) == expected
-    # One local expert (or no EP): nothing to sort.
+    # One local expert (or no EP): nothing to sort; nor under the flex dispatcher, whose
+    # dispatch kernel does the first permutation.
     assert moe_cost.permutation_bytes(1000, 8000, 2048, 2, 1, 8) == 2 * 25000 * 2048 * 2
+    assert moe_cost.permutation_bytes(1000, 8000, 2048, 2, 16, 8,
+                                      fused_dispatch=True) == 2 * 25000 * 2048 * 2
 
 
 def test_moe_layer_rows_padding_router_and_permutation():
@@ -138,9 +142,13 @@ def test_moe_layer_rows_padding_router_and_permutation():
     assert experts["experts_up"].m == per_expert * (m.n_routed_experts // 8)
     h, f, E = m.hidden, m.moe_ffn, m.n_routed_experts
     norm_residual = 9.0 * h * tok
+    # Megatron's flex dispatcher: permute (2 rows) and unpermute (rows + tokens), twice.
     hbm = ((norm_residual + 8.0 * f * rows) * 2 + 28.0 * tok * E
-           + 2 * (2 * rows + rows + tok + 4 * rows) * h * 2)
+           + 2 * (2 * rows + rows + tok) * h * 2)
     assert lw.hbm_bytes == pytest.approx(hbm)
+    # The engine's (the alltoall dispatcher's count): the chunk sort and its inverse too.
+    engine = layer_work(m, "moe", replace(sh, engine=True))
+    assert engine.hbm_bytes - lw.hbm_bytes == pytest.approx(2 * 4 * rows * h * 2, rel=1e-9)
 
 
 def test_grouped_gemm_efficiency_falls_off_with_rows_per_expert():

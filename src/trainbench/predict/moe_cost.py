@@ -11,15 +11,18 @@ Python.
   so both are charged the 16.
 - The router: a bf16 GEMM (work.py's `router` linear), then softmax (or sigmoid) and
   top-k over fp32 logits per token, forward and backward (ROUTER_BYTES_PER_LOGIT).
-- Permutation: Megatron-LM's alltoall/flex token dispatcher
-  (megatron/core/transformer/moe/token_dispatcher.py) permutes the routed copies of each
-  token into expert order before the all-to-all (`permute`: read and write a row per
-  copy), sorts the received chunks by local expert when the rank holds several
-  (`sort_chunks_by_idxs`: read and write), undoes both after the experts, and
-  `unpermute` weighs each copy by its routing probability and sums the copies back into
-  the token (read a row per copy, write one per token). The backward moves the same
-  bytes. The engine's expert parallelism (engine/parallel/ep.py) gathers rows by expert
-  and scatters them back the same way.
+- Permutation (megatron/core/transformer/moe/token_dispatcher.py). The alltoall
+  dispatcher permutes the routed copies of each token into expert order before the
+  all-to-all (`permute`: read and write a row per copy), sorts the received chunks by
+  local expert when the rank holds several (`sort_chunks_by_idxs`: read and write),
+  undoes both after the experts, and `unpermute` weighs each copy by its routing
+  probability and sums the copies back into the token (read a row per copy, write one
+  per token). The flex dispatcher that NVIDIA's MoE recipes run (DeepEP, HybridEP;
+  predict/context.py, ep_dispatch) fuses the first permutation into the dispatch
+  kernel and writes received tokens in rank order: `dispatch_postprocess` permutes them
+  by expert once and `combine_preprocess` unpermutes, with no chunk sort. The backward
+  moves the same bytes. The engine's expert parallelism is charged as the alltoall
+  dispatcher.
 """
 
 from __future__ import annotations
@@ -49,13 +52,13 @@ def router_bytes(tokens: float, experts: int) -> float:
 
 
 def permutation_bytes(tokens: float, rows: float, hidden: int, b: int,
-                      local_experts: int, ep: int) -> float:
+                      local_experts: int, ep: int, *, fused_dispatch: bool = False) -> float:
     """Bytes of permuting `rows` routed copies of `tokens` tokens (hidden wide, b bytes per
     element) to their experts and back, forward + backward: permute and unpermute's rows
-    (read and write each copy, then read each copy and write each token), and the sort by
-    local expert and its undoing when expert parallelism hands a rank several experts'
-    chunks."""
+    (read and write each copy, then read each copy and write each token), and, for the
+    alltoall dispatcher, the sort by local expert and its undoing when expert parallelism
+    hands a rank several experts' chunks."""
     per_pass = 2 * rows + (rows + tokens)  # permute; unpermute
-    if ep > 1 and local_experts > 1:
+    if ep > 1 and local_experts > 1 and not fused_dispatch:
         per_pass += 2 * 2 * rows  # sort_chunks_by_idxs, then its inverse
     return 2 * per_pass * hidden * b

@@ -107,8 +107,8 @@ class Shape:
     output head keeps its all-gathered, whole-sequence input under sequence parallelism
     (every other column-parallel linear keeps the shard and gathers it again, as
     Megatron does); an MoE layer's shared expert runs whole on each TP rank's tokens/tp
-    (Megatron splits it over TP on the gathered sequence); the all-gather CP keeps the whole sequence's
-    keys and values; torchao's float8 linear keeps its bf16 input; and the loss is cut
+    (Megatron splits it over TP on the gathered sequence); the all-gather CP keeps its
+    chunks' outputs beside their concatenation; torchao's float8 linear keeps its bf16 input; and the loss is cut
     into chunks (logits_bytes)."""
     fused_loss: bool = False
     """A Megatron-LM run's loss is Transformer Engine's fused cross entropy (its
@@ -191,13 +191,13 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         hbm = (norm_residual + rope) * b
         # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
         attn_out = (q * tok / t) * b + m.heads / t * tok * 4
-        act = norm_saved + (q + 2 * kv) * tok / t * b + attn_out
         if sh.engine and sh.cp > 1:
-            # The engine's all-gather CP keeps the whole sequence's keys and values,
-            # grouped heads expanded to the query heads, for every chunk's attention, and
-            # the chunks' outputs beside their concatenation, the out projection's input
-            # (parallel/cp.py); Megatron's ring keeps its own shard of K and V.
-            act += (2 * q * sh.cp - 2 * kv + q) * tok / t * b
+            # The engine's all-gather CP keeps the chunks' outputs beside their
+            # concatenation, the out projection's input; like Megatron's ring it keeps
+            # only its own shard of K and V and gathers the whole sequence's again in
+            # the backward (parallel/cp.py). Selective recompute drops both with the core.
+            attn_out += q * tok / t * b
+        act = norm_saved + (q + 2 * kv) * tok / t * b + attn_out
         if sh.fp8 and not sh.engine:
             act += q * tok / t  # the FP8 copy of the output, the out-projection's input
         params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)
@@ -255,7 +255,8 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
         # permutation of the routed rows to their experts and back (moe_cost).
         shared_rows = tok / t * m.n_shared_experts
         hbm = ((norm_residual + 8.0 * f * (rows + shared_rows)) * b + router_bytes(mine, E)
-               + permutation_bytes(mine, rows, h, b, E // ep, ep))
+               + permutation_bytes(mine, rows, h, b, E // ep, ep,
+                                   fused_dispatch=not sh.engine))
         kept = ((2.0 * b + gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
         # The norm's input and output stay on the rank's tokens: nothing gathers them.
         moe_norm_saved = h * tok / t * (b + gb)
