@@ -176,3 +176,21 @@ def test_engine_experts_cast_rowwise_inside_the_grouped_gemm():
     m = plan.model
     expected = 10 * up.m * (m.hidden + 2 * m.moe_ffn) + 16 * 10 * m.hidden * 2 * m.moe_ffn
     assert fp8_cost.layer_cast_bytes((up,), ctx) == pytest.approx(expected)
+
+
+def test_fsdp_gathers_the_fp8_linears_weights_at_one_byte():
+    # The 8B proxy, 4 layers, FP8 under the engine: each block's QKV, out, gate/up and down
+    # weights go through FSDP's float8 all-gather; embedding, head and norms in bf16.
+    from trainbench.predict import perf
+    _, ctx = _proxy_context("fp8")
+    times = {k: perf.layer_time(lw, ctx) for k, lw in ctx.work.items()}
+    rt = perf.rank_time(ctx, 0, times)
+    per_block = 4096 * 6144 + 4096 * 4096 + 4096 * 28672 + 14336 * 4096
+    assert rt.float8_params == 4 * per_block
+    # Rowwise scaling has no float8 all-gather: nothing is gathered in FP8.
+    plan = build_plan("pretrain_llama3.1", "8b", "fp8", 1, "h100",
+                      overrides={"layers": 4, "tp": 1, "cp": 1, "pp": 1, "dp": 1, "mbs": 1,
+                                 "gbs": 1, "dp_sharding": "full", "fp8_recipe": "rowwise"})
+    row_ctx = make_context(plan, sharding="engine")
+    row_times = {k: perf.layer_time(lw, row_ctx) for k, lw in row_ctx.work.items()}
+    assert perf.rank_time(row_ctx, 0, row_times).float8_params == 0.0

@@ -153,6 +153,14 @@ def fsdp_float8_gathers(ctx) -> float:
     return 1 / ctx.microbatches if plan.weights_kept_gathered else 2.0
 
 
+def float8_gathered_params(lw, ctx) -> float:
+    """Parameters of one layer that the engine's FSDP gathers in FP8: its FP8 linears'
+    weights when the float8 all-gather is on (the experts' grouped weights gather bf16)."""
+    if not fsdp_float8_gathers(ctx):
+        return 0.0
+    return float(sum(lin.k * lin.n for lin in lw.linears if lin.fp8 and not lin.group_m))
+
+
 def layer_cast_bytes(linears, ctx) -> float:
     """FP8 cast traffic of one layer's linears, one microbatch on one GPU (0 in a bf16
     plan and for the linears every recipe keeps in bf16: the head, the router)."""

@@ -20,7 +20,7 @@ from .comm import (all_gather_s, all_reduce_s, crosses_domains, moe_dispatch_s, 
 from .constants import Constants
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, MegatronRun, make_context
 from .device import Device
-from .fp8_cost import layer_cast_bytes
+from .fp8_cost import float8_gathered_params, layer_cast_bytes
 from .memory import MemoryPrediction, memory_from_context
 from .work import LayerWork, Linear
 
@@ -92,10 +92,9 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     bf16 = dev.peak("bf16") * 1e12
     # Roofline (Williams et al. 2009): FLOPs over the achieved rate, bytes over the achieved
     # bandwidth. GEMMs at the dtype's peak; flash attention and the Mamba-2 scan (Dao & Gu
-    # 2024) stay BF16 in the FP8 recipes (Transformer Engine casts only linear layers).
-    # A linear the recipe keeps out of FP8 (the output head) runs at the BF16 peak in an
-    # FP8 plan; until 2026-11-26 it was charged the FP8 peak, which predicted the 8B
-    # proxy's head twice as fast as an H100 ran it (README, "On a GPU").
+    # 2024) stay BF16 in the FP8 recipes (Transformer Engine and torchao cast only linear
+    # layers), and so does a linear the recipe keeps out of FP8 (the output head, the
+    # router). The FP8 casts are memory-bound traffic (fp8_cost).
     low_precision = plan.dtype in FP8_DTYPES
     gemm = 0.0
     for lin in lw.linears:
@@ -159,6 +158,8 @@ class RankTime:
     parts: dict[str, float] = field(default_factory=dict)
     compute_parts: dict[str, float] = field(default_factory=dict)
     params: float = 0.0
+    float8_params: float = 0.0
+    """The share of `params` FSDP gathers in FP8 (the engine's tensorwise FP8 linears)."""
     units: int = 0
 
     @property
@@ -182,6 +183,7 @@ def rank_time(ctx: Context, rank: int, times: dict[str, LayerTime]) -> RankTime:
             rt.parts["ep_comm"] += n * lt.ep_comm
             hidden += n * (c.tp_overlap * lt.tp_comm + c.cp_overlap * lt.cp_comm)
             rt.params += n * ctx.work[kind].params
+            rt.float8_params += n * float8_gathered_params(ctx.work[kind], ctx)
             if kind != "mlp" or ctx.plan.model.is_hybrid:
                 rt.units += n  # FSDP units: blocks, hybrid layers, embedding, head
     if lay.pp > 1:
@@ -232,7 +234,9 @@ def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, 
         return 0.0, 0.0
     units = max(rt.units, 1)
     extra_latency = (units - 1) * ring_latency_s(g.fsdp.size, dev, c)
-    ag = all_gather_s(wbytes * rt.params, g.fsdp, dev) + extra_latency if g.fsdp.size > 1 else 0.0
+    # FSDP2's float8 all-gather moves the FP8 linears' weights at 1 B (torchao fsdp_utils).
+    gathered = wbytes * rt.params - (wbytes - 1) * rt.float8_params
+    ag = all_gather_s(gathered, g.fsdp, dev) + extra_latency if g.fsdp.size > 1 else 0.0
     rs = (reduce_scatter_s(ctx.plan.reduce_bytes * rt.params, g.fsdp, dev) + extra_latency
           if g.fsdp.size > 1 else 0.0)
     if ctx.requested_sharding == ENGINE and ctx.plan.weights_kept_gathered:
