@@ -91,19 +91,20 @@ def _last_error(log: Path) -> str:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return "no log"
-    errors = [ln for ln in lines if "error" in ln.lower()]
+    errors = [ln for ln in lines if ln.startswith("trainbench: error:")]
     return (errors or lines or ["no output"])[-1][:300]
 
 
 def _settle(res: RowResult, exp: Path | None):
     """The row's status from what its run wrote (results' own verdict), and that result."""
+    ran = res.status == NOT_RUN  # the command ended well: its records decide
     if exp is None:
-        if res.status not in (TIMED_OUT, FAILED):
+        if ran:
             res.status, res.detail = FAILED, "the run left no experiment directory"
         return None
     res.experiment = str(exp)
     r = summarize_experiment(exp)
-    if res.status != TIMED_OUT:
+    if ran:
         res.status = SUCCESS if r.status == "Success" else FAILED
         if res.status == FAILED:
             res.detail = res.detail or f"{r.status}: {r.status_detail or r.last_error or ''}"
@@ -174,7 +175,7 @@ def profile(ctx: Context, row: Row, res: RowResult) -> None:
     if ok and res.status == SUCCESS and traces:
         size = sum(t.stat().st_size for t in traces) / 2**20
         res.detail = (f"iteration {steps - 1} profiled: {len(traces)} trace file(s), "
-                      f"{size:.1f} MiB, in {traces[0].parent}")
+                      f"{size:.1f} MiB, in {traces[0].parent.relative_to(ctx.out)}")
     elif ok and res.status == SUCCESS:
         res.status, res.detail = FAILED, "the profiled run wrote no trace"
 
