@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 
 from ..catalog import hardware
+from ..conditions import cpu_info
 from ..launch.request import gpu_names
 
 
@@ -62,24 +63,13 @@ def _driver() -> str | None:
     return lines[0] if out.returncode == 0 and lines else None
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU"
-
-
 def detect() -> Machine:
     names = gpu_names()
     if names:
         gpu = hardware.gpu_from_device_name(names[0])
         device, key = names[0], (gpu.key if gpu else "")
     else:
-        device, key = _cpu_name(), hardware.CPU
+        device, key = cpu_info([])["model"] or "CPU", hardware.CPU
     return Machine(device=device, gpu_key=key, gpus=len(names), driver=_driver(),
                    torch=_version("torch"), torchao=_version("torchao"),
                    python=platform.python_version(), trainbench=_version("trainbench"))
