@@ -14,7 +14,7 @@ from trainbench.accept.checks import SUCCESS, TIMED_OUT, RowResult
 from trainbench.accept.machine import Machine
 from trainbench.accept.proxy import predicted, resolve
 from trainbench.accept.report import Report, markdown, text
-from trainbench.accept.rows import FAMILIES, check_rows, training_rows
+from trainbench.accept.rows import FAMILIES, build_rows, check_rows, training_rows
 from trainbench.catalog import hardware
 from trainbench.catalog.models import WORKLOADS, get_model
 
@@ -34,6 +34,10 @@ def test_every_family_runs_in_bf16_and_its_fp8_dtype_on_a_cpu():
     assert {r.size for r in rows} == {"tiny"}
     assert {r.workload for r in rows} == {f.workload for f in FAMILIES} == set(WORKLOADS)
     assert [r.label for r in check_rows(None)] == ["checkpoint", "profile", "probe"]
+    builds = build_rows(quick=False)
+    assert [r.label for r in builds] == [f"{f.key}-build" for f in FAMILIES]
+    assert [(r.size, r.settings) for r in builds] == [
+        (f.size, f"{f.settings} tp=1 pp=1 cp=1 dp=1") for f in FAMILIES]
 
 
 def test_without_torchao_the_fp8_rows_are_skipped_and_said_so():
@@ -54,15 +58,16 @@ def test_the_fp8_rows_take_the_gpus_own_format(gpu, low):
 
 def test_the_quick_subset():
     rows, _ = plan_rows(AcceptRequest(quick=True), H100)
-    assert [r.label for r in rows] == ["llama3.1-bf16", "llama3.1-fp8", "nemotronh-fp8",
-                                       "deepseek_v3-bf16", "checkpoint", "profile", "probe"]
+    assert [r.label for r in rows] == [
+        "llama3.1-build", "nemotronh-build", "deepseek_v3-build", "llama3.1-bf16",
+        "llama3.1-fp8", "nemotronh-fp8", "deepseek_v3-bf16", "checkpoint", "profile", "probe"]
 
 
 def test_time_limits_and_only():
     rows, _ = plan_rows(AcceptRequest(only=("llama3.1", "probe"),
                                       time_limits=("90", "llama3.1-fp8=1", "probe=30")), CPU)
-    assert {r.label: r.limit_s for r in rows} == {"llama3.1-bf16": 90, "llama3.1-fp8": 1,
-                                                  "probe": 30}
+    assert {r.label: r.limit_s for r in rows} == {"llama3.1-build": 90, "llama3.1-bf16": 90,
+                                                  "llama3.1-fp8": 1, "probe": 30}
     assert parse_limits(("12.5",), 180) == (12.5, {})
     for bad in ("0", "-3", "x", "=4", "probe=", "1e9"):
         with pytest.raises(AcceptError, match="--time-limit"):
@@ -143,9 +148,10 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_the_quick_acceptance_run_end_to_end_on_a_cpu(tmp_path):
-    """The quick subset's Llama 3.1 rows, the checkpoint, profile and probe rows through
-    the real CLI, 2 steps each; the FP8 row's own 1 s limit stops it (a run takes about
-    10 s to start) and the rows after it still run."""
+    """The quick subset's Llama 3.1 rows (its real-width proxy built with `check`, its
+    tiny size trained), the checkpoint, profile and probe rows through the real CLI, 2
+    steps each; the FP8 row's own 1 s limit stops it (a run takes about 10 s to start)
+    and the rows after it still run."""
     out = tmp_path / "acceptance"
     res = run_cli("accept", "--quick", "--only", "llama3.1,checkpoint,profile,probe",
                   "--time-limit", "llama3.1-fp8=1", "--out", str(out), root=tmp_path,
@@ -154,8 +160,9 @@ def test_the_quick_acceptance_run_end_to_end_on_a_cpu(tmp_path):
     assert "no GPU found: tiny sizes on the CPU" in res.stdout
     data = json.loads((out / "acceptance.json").read_text())
     status = {r["label"]: r["status"] for r in data["rows"]}
-    assert status == {"llama3.1-bf16": SUCCESS, "llama3.1-fp8": TIMED_OUT,
-                      "checkpoint": SUCCESS, "profile": SUCCESS, "probe": SUCCESS}
+    assert status == {"llama3.1-build": SUCCESS, "llama3.1-bf16": SUCCESS,
+                      "llama3.1-fp8": TIMED_OUT, "checkpoint": SUCCESS, "profile": SUCCESS,
+                      "probe": SUCCESS}
     rows = {r["label"]: r for r in data["rows"]}
     cut = rows["llama3.1-fp8"]
     assert cut["limit_s"] == 1 and cut["seconds"] < 20
@@ -165,12 +172,18 @@ def test_the_quick_acceptance_run_end_to_end_on_a_cpu(tmp_path):
     assert rows["checkpoint"]["detail"].startswith("saved at iteration 2")
     assert "iteration 2 profiled" in rows["profile"]["detail"]
     assert "best GEMM TFLOPS" in rows["probe"]["detail"]
+    # The 8B's width cut to 4 layers: embedding and head (vocabulary 128,256 x 4096), 4
+    # blocks (q and out 4096 x 4096, k and v 4096 x 1024, SwiGLU 3 x 4096 x 14336, two
+    # norms) and the final norm.
+    block = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    params = 2 * 128256 * 4096 + 4 * block + 4096
+    assert f"{params:,} parameters" in rows["llama3.1-build"]["detail"]
     md = (out / "acceptance.md").read_text()
     for label in status:
         assert f"| {label} |" in md
     table = res.stdout[res.stdout.index("run  "):]
     assert all(label in table for label in status)
-    assert "4 of 5 rows succeeded" in table
+    assert "5 of 6 rows succeeded" in table
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(
         f"{label}.log" for label in status)
     assert processes_naming(str(out)) == []  # the stopped run left nothing behind

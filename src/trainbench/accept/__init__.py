@@ -1,5 +1,6 @@
-"""`trainbench accept`: every workload family's one-GPU proxy in bf16 and FP8, a
-checkpoint saved and resumed, a profiled step and a probe, each through the real CLI
+"""`trainbench accept`: every workload family's one-GPU proxy built (`check`) and
+trained in bf16 and FP8, a checkpoint saved and resumed, a profiled step and a probe,
+each through the real CLI
 under its own time limit, ending with one table of measured against predicted step
 time, MFU and peak memory (also written as Markdown and JSON). On a CPU the tiny sizes.
 
@@ -94,13 +95,14 @@ def plan_rows(req: AcceptRequest, m: machine.Machine) -> tuple[list[Row], list[s
     where = "cpu" if m.on_cpu else "gpu"
     default, per_row = parse_limits(req.time_limits, DEFAULT_LIMIT_S[where])
     train, skipped = rows_mod.training_rows(m.gpu, m.torchao is not None, req.quick)
-    rows = train + rows_mod.check_rows(m.gpu)
+    every = rows_mod.build_rows(req.quick) + train + rows_mod.check_rows(m.gpu)
+    rows = every
     if req.only:
         rows = [r for r in rows if rows_mod.matches(r.label, req.only)]
         skipped = [s for s in skipped if rows_mod.matches(s, req.only)]
         if not rows:
             raise AcceptError(f"--only {','.join(req.only)} names no row; rows: "
-                              + ", ".join(r.label for r in train + rows_mod.check_rows(m.gpu)))
+                              + ", ".join(r.label for r in every))
     for label in per_row:
         if not any(label in r.label for r in rows):
             raise AcceptError(f"--time-limit {label}=...: no row to run is called that; "
@@ -147,8 +149,9 @@ def run_acceptance(req: AcceptRequest, echo: Callable[[str], None] = lambda _: N
     rep = Report(machine=m, command=command, started=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                  skipped=skipped)
     if m.on_cpu:
-        rep.notes.append("no GPU found: every family ran its tiny size on the CPU (FP8 "
-                         "emulated in software); predict has no step-time model for a CPU, "
+        rep.notes.append("no GPU found: every family trained its tiny size on the CPU "
+                         "(FP8 emulated in software; the build rows built the H100 proxies "
+                         "on the meta device); predict has no step-time model for a CPU, "
                          "and a CPU run's peak memory is its process's resident set, "
                          "libraries included, which predict's memory model does not describe")
     echo(report_mod.machine_line(m))

@@ -4,6 +4,7 @@ and a probe of the device. No torch here: the commands import it."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from ..probe.profile import (MEMORY_METRIC, SUSTAINED_METRIC, ProbeError, load_p
                              rank_metrics)
 from ..results.summary import summarize_experiment
 from .proxy import predicted
-from .rows import CHECKPOINT, PROBE, PROFILE, Row
+from .rows import BUILD, CHECKPOINT, PROBE, PROFILE, Row
 from .runner import Finished, experiment_dir, run_limited, trainbench_command
 
 SUCCESS, FAILED, TIMED_OUT, NOT_RUN = "Success", "Failed", "Timed out", "Not run"
@@ -180,6 +181,32 @@ def profile(ctx: Context, row: Row, res: RowResult) -> None:
         res.status, res.detail = FAILED, "the profiled run wrote no trace"
 
 
+def build(ctx: Context, row: Row, res: RowResult) -> None:
+    """`trainbench check` of the real-width proxy: its one rank built on the meta device
+    under a fake process group, model state against predict's. On a CPU the plan is
+    an H100's."""
+    root, log = _paths(ctx, row)
+    report = root / "check.json"
+    fin = run_limited(trainbench_command(
+        "check", "-w", row.workload, "-s", row.size, "--dtype", row.dtype, "--scale", "1",
+        "--gpu", "h100" if ctx.gpu_key == "cpu" else ctx.gpu_key, "--set", row.settings,
+        "--format", "json"), log, row.limit_s, stdout=report)
+    if not _ended(res, fin, "check"):
+        return
+    try:
+        rank = json.loads(report.read_text())["ranks"][0]
+    except (OSError, ValueError, KeyError, IndexError) as err:
+        res.status, res.detail = FAILED, f"check wrote no readable report ({err})"
+        return
+    if rank.get("error"):
+        res.status, res.detail = FAILED, f"rank 0 did not build: {rank['error']}"
+        return
+    res.status = SUCCESS
+    res.detail = (f"built on the meta device under a fake process group: "
+                  f"{rank['params_local']:,} parameters; predict's model state "
+                  f"{rank['model_state_gap_pct']:+.1f}% from the built one")
+
+
 def probe(ctx: Context, row: Row, res: RowResult) -> None:
     """`trainbench probe` on this one device: GEMMs, attention, the scan, a copy."""
     root, log = _paths(ctx, row)
@@ -200,4 +227,4 @@ def probe(ctx: Context, row: Row, res: RowResult) -> None:
                   " (read + write)")
 
 
-RUNNERS = {CHECKPOINT: checkpoint, PROFILE: profile, PROBE: probe}
+RUNNERS = {BUILD: build, CHECKPOINT: checkpoint, PROFILE: profile, PROBE: probe}

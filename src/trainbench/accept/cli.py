@@ -14,8 +14,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def accept(
         quick: bool = typer.Option(False, "--quick", help="A subset: Llama 3.1 in bf16 and "
-                                   "FP8, Nemotron-H in FP8, DeepSeek-V3 in bf16, and the "
-                                   "checkpoint, profile and probe rows."),
+                                   "FP8, Nemotron-H in FP8, DeepSeek-V3 in bf16 (and their "
+                                   "builds), and the checkpoint, profile and probe rows."),
         out: Optional[Path] = typer.Option(None, "--out", help="A new directory for the "
                                            "report, logs and runs (default: "
                                            "acceptance/<timestamp>)."),
@@ -28,9 +28,9 @@ def register(app: typer.Typer) -> None:
                                              "(default 300 on a GPU, 180 on a CPU), or "
                                              "ROW=SECONDS for some rows; repeatable."),
     ):
-        """Run every workload family's one-GPU proxy in bf16 and FP8 beside predict, a
-        checkpoint save and resume, a profiled step and a probe: the first thing to run on
-        a new GPU node. Exit 1 when a row failed or timed out."""
+        """Build and run every workload family's one-GPU proxy in bf16 and FP8 beside
+        predict, a checkpoint save and resume, a profiled step and a probe: the first
+        thing to run on a new GPU node. Exit 1 when a row failed or timed out."""
         from ..cli import fail
         from . import AcceptError, AcceptRequest, run_acceptance
         from .report import text

@@ -54,7 +54,7 @@ QUICK = (("llama3.1", "bf16"), ("llama3.1", LOW), ("nemotronh", LOW), ("deepseek
 """The quick subset's training rows: the dense path in both precisions, the hybrid in its
 seed's (FP8), an MoE with MLA in bf16; the checkpoint, profile and probe rows run too."""
 
-TRAIN, CHECKPOINT, PROFILE, PROBE = "train", "checkpoint", "profile", "probe"
+TRAIN, BUILD, CHECKPOINT, PROFILE, PROBE = "train", "build", "checkpoint", "profile", "probe"
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ class Row:
     label: str
     """What the table and --only / --time-limit call it, e.g. 'llama3.1-fp8'."""
     kind: str
-    """TRAIN, CHECKPOINT (save, then resume), PROFILE or PROBE."""
+    """TRAIN, BUILD (`check` of the real-width proxy), CHECKPOINT (save, then resume),
+    PROFILE or PROBE."""
     workload: str = ""
     size: str = ""
     dtype: str = ""
@@ -76,7 +77,7 @@ class Row:
         """The model as the table names it: size and the --set that shapes it (and, where
         the label does not say them, the family and dtype)."""
         shown = " ".join(p for p in self.settings.split() if p not in SINGLE_RANK.split())
-        if self.kind != TRAIN:  # the label names neither
+        if self.kind not in (TRAIN, BUILD):  # the label names neither
             shown = f"{self.workload.removeprefix('pretrain_')} {self.size} {self.dtype} {shown}"
             return shown.strip()
         return f"{self.size} {shown}".strip()
@@ -124,6 +125,14 @@ def training_rows(gpu: hardware.GPU | None, has_torchao: bool, quick: bool
                 rows.append(Row(f"{fam.key}-{dtype}", TRAIN, fam.workload, fam.size, dtype,
                                 f"{fam.settings} {SINGLE_RANK}"))
     return rows, skipped
+
+
+def build_rows(quick: bool) -> list[Row]:
+    """Each family's real-width GPU proxy built with `trainbench check` (the meta device,
+    a fake process group: no GPU needed), so a CPU run exercises those shapes too."""
+    keys = {key for key, _ in QUICK} if quick else {f.key for f in FAMILIES}
+    return [Row(f"{f.key}-build", BUILD, f.workload, f.size, "bf16",
+                f"{f.settings} {SINGLE_RANK}") for f in FAMILIES if f.key in keys]
 
 
 def check_rows(gpu: hardware.GPU | None) -> list[Row]:

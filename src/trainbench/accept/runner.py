@@ -48,14 +48,15 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_limited(cmd: list[str], log: Path, limit_s: float) -> Finished:
-    """Run `cmd` with its stdout and stderr in `log`; stop it (and its children) after
-    `limit_s` seconds."""
+def run_limited(cmd: list[str], log: Path, limit_s: float,
+                stdout: Path | None = None) -> Finished:
+    """Run `cmd` with its output in `log` (its stdout in `stdout` when given); stop it
+    (and its children) after `limit_s` seconds."""
     start = time.monotonic()
-    with open(log, "ab") as out:
+    with open(log, "ab") as out, open(stdout or os.devnull, "wb") as data:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=data if stdout else out, stderr=out,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             code = proc.wait(timeout=limit_s)
