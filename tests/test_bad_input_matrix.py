@@ -89,6 +89,42 @@ def with_db(t: Path) -> None:
     jobs_db(t / "root")
 
 
+def fifo_at(rel: str):
+    def setup(t: Path) -> None:
+        path = t / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(path)
+    return setup
+
+
+def symlink_loop(t: Path) -> None:
+    """home/l1 -> home/l2 -> home/l1: a path with no directory at its end."""
+    (t / "home" / "l1").symlink_to(t / "home" / "l2")
+    (t / "home" / "l2").symlink_to(t / "home" / "l1")
+
+
+def sweep(text: str):
+    return file_at("home/sweep.yaml", text.encode())
+
+
+TINY_TASK = "{workload: pretrain_llama3.1, size: tiny, dtype: fp32, scale: 2, gpu: cpu}"
+GOOD_SWEEP = f"tasks:\n  - {TINY_TASK}\n"
+NOT_UTF8 = os.fsdecode(b"/not-utf8-\xff\xfe")
+"""A path component whose bytes are not UTF-8 (as str: surrogate escapes; a subprocess
+gets the raw bytes back)."""
+
+
+def bomb(leaf: str) -> str:
+    """A YAML alias bomb as a flow sequence: nine anchors, each nine aliases of the one
+    before, 9**9 values once expanded."""
+    names = "abcdefghi"
+    return "[" + ", ".join(f"&{n} [" + ", ".join([f"*{names[k - 1]}" if k else leaf] * 9) + "]"
+                           for k, n in enumerate(names)) + "]"
+
+
+CHECK = ["check", "-w", "pretrain_llama3.1", "-s", "8b", "--scale", "8", "--no-trace"]
+
+
 # --- the cases: (id, argv, extra environment, setup, words the line must contain) -----------
 # argv[0] == "ENGINE" runs `python -m trainbench.engine` instead of the CLI.
 
@@ -262,16 +298,102 @@ CASES = [
      "plan.json"),
     ("engine-plan-incomplete", ["ENGINE", "{t}/home/plan.json"], {},
      file_at("home/plan.json", b'{"workload": "pretrain_llama3.1"}'), "incomplete"),
+    # issue 37, class 1: bounds checked before anything expands
+    ("check-ranks-a-billion", CHECK + ["--ranks", "0-999999999"], {}, None, "0-7"),
+    ("check-ranks-backwards", CHECK + ["--ranks", "7-3"], {}, None, "lower rank"),
+    ("check-ranks-fullwidth", CHECK + ["--ranks", "\uff12"], {}, None, "--ranks"),
+    ("check-ranks-negative", CHECK + ["--ranks", "-1"], {}, None, "--ranks"),
+    ("check-ranks-huge-text", CHECK + ["--ranks", "0-7," * 20_000 + "8"], {}, None, "0-7"),
+    ("config-alias-bomb-run", RUN, {}, config(f"x: {bomb('8')}\ngpus_per_node: *i\n"),
+     "alias"),
+    ("config-alias-bomb-jobs", ["jobs", "list"], {}, config(f"env: {{A: {bomb('x')}}}\n"),
+     "alias"),
+    ("config-alias-recursive", PREDICT, {}, config("slurm: &s {x: *s}\n"), "alias"),
+    ("config-integer-of-5000-digits", RUN, {}, config("gpus_per_node: " + "9" * 5000 + "\n"),
+     "beyond"),
+    ("config-gpus-per-node-a-list", RUN, {}, config("gpus_per_node: [" + "8, " * 5000 + "8]\n"),
+     "a list of 5001 item(s)"),
+    ("bulk-alias-bomb-sizes", ["bulk", "{t}/home/sweep.yaml"], {},
+     sweep("tasks:\n  - {workload: pretrain_llama3.1, dtype: fp32, scale: 2, gpu: cpu, "
+           f"sizes: {bomb('tiny')}}}\n"), "alias"),
+    ("bulk-alias-bomb-scales", ["bulk", "{t}/home/sweep.yaml", "--dry-run"], {},
+     sweep("tasks:\n  - {workload: pretrain_llama3.1, size: tiny, dtype: fp32, gpu: cpu, "
+           f"scales: {bomb('2')}}}\n"), "alias"),
+    ("bulk-alias-recursive", ["bulk", "{t}/home/sweep.yaml"], {}, sweep("tasks: &t [*t]\n"),
+     "alias"),
+    ("bulk-nested-3000-deep", ["bulk", "{t}/home/sweep.yaml"], {},
+     sweep("tasks: " + "[" * 3000 + "]" * 3000 + "\n"), "nested"),
+    ("bulk-sizes-a-nested-list", ["bulk", "{t}/home/sweep.yaml"], {},
+     sweep("tasks:\n  - {workload: pretrain_llama3.1, sizes: [[tiny, tiny]], dtype: fp32, "
+           "scale: 2, gpu: cpu}\n"), "a list of 2 item(s)"),
+    ("bulk-scale-1e400", ["bulk", "{t}/home/sweep.yaml"], {},
+     sweep("tasks:\n  - {workload: pretrain_llama3.1, size: tiny, dtype: fp32, scale: 1e400, "
+           "gpu: cpu}\n"), "scale"),
+    # class 2: only regular files are read
+    ("results-log-is-a-fifo", ["results", "{t}/home/logs"], {}, fifo_at("home/logs/log-x.out"),
+     "FIFO"),
+    ("results-dev-null", ["results", "/dev/null"], {}, None, "character device"),
+    ("config-is-a-fifo", RUN, {}, fifo_at("home/cluster.yaml"), "FIFO"),
+    ("config-is-dev-zero", PREDICT, {"TRAINBENCH_CONFIG": "/dev/zero"}, None,
+     "character device"),
+    ("config-5-mib", RUN, {}, config("# padding\n" * 500_000), "MiB"),
+    ("bulk-file-is-a-fifo", ["bulk", "{t}/home/sweep.yaml"], {}, fifo_at("home/sweep.yaml"),
+     "FIFO"),
+    ("bulk-file-dev-zero", ["bulk", "/dev/zero"], {}, None, "character device"),
+    ("init-from-fifo", ["init", "--from", "{t}/home/in.yaml"], {}, fifo_at("home/in.yaml"),
+     "FIFO"),
+    # class 3: paths that cannot be recorded or resolved
+    ("run-root-not-utf8", RUN + ["--root", "{t}/home" + NOT_UTF8], {}, None, "UTF-8"),
+    ("run-env-root-not-utf8", RUN, {"TRAINBENCH_ROOT": "{t}/home" + NOT_UTF8}, None, "UTF-8"),
+    ("bulk-env-root-not-utf8", ["bulk", "{t}/home/sweep.yaml"],
+     {"TRAINBENCH_ROOT": "{t}/home" + NOT_UTF8}, sweep(GOOD_SWEEP), "UTF-8"),
+    ("run-root-symlink-loop", RUN + ["--root", "{t}/home/l1/x"], {}, symlink_loop,
+     "symlink loop"),
+    ("run-env-root-symlink-loop", RUN, {"TRAINBENCH_ROOT": "{t}/home/l1"}, symlink_loop,
+     "symlink loop"),
+    ("jobs-root-symlink-loop", ["jobs", "--root", "{t}/home/l1", "list"], {}, symlink_loop,
+     "symlink loop"),
+    ("results-root-symlink-loop", ["results", "--root", "{t}/home/l1"], {}, symlink_loop,
+     "symlink loop"),
+    # class 5: bulk refuses once, before anything starts
+    ("bulk-root-is-a-file", ["bulk", "{t}/home/sweep.yaml"],
+     {"TRAINBENCH_ROOT": "{t}/home/afile"}, both(sweep(GOOD_SWEEP), file_at("home/afile")),
+     "is a file"),
+    ("bulk-tasks-are-numbers", ["bulk", "{t}/home/sweep.yaml"], {}, sweep("tasks: [1, 2, 3]\n"),
+     "tasks[1], tasks[2], tasks[3]"),
+    ("bulk-set-twice", ["bulk", "{t}/home/sweep.yaml"], {},
+     sweep("tasks:\n  - {workload: pretrain_llama3.1, size: tiny, dtype: fp32, scale: 2, "
+           "gpu: cpu, set: [tp=1, tp=2]}\n"), "twice"),
+    # class 6: --set numbers in ASCII digits, each key once
+    ("run-set-fullwidth-digit", RUN + ["--set", "tp=\uff12"], {}, None, "ASCII"),
+    ("run-set-arabic-indic-digits", RUN + ["--set", "gbs=\u0661\u0666"], {}, None, "ASCII"),
+    ("run-set-digit-grouping", RUN + ["--set", "gbs=1_6"], {}, None, "ASCII"),
+    ("run-set-float-arabic-indic", RUN + ["--set", "lr=\u0661.\u0665"], {}, None, "ASCII"),
+    ("run-set-key-twice", RUN + ["--set", "tp=1 tp=2"], {}, None, "twice"),
+    ("run-set-key-twice-two-options", RUN + ["--set", "tp=1", "--set", "tp=2"], {}, None,
+     "twice"),
+    ("run-set-5000-digits", RUN + ["--set", "gbs=" + "9" * 5000], {}, None, "too large"),
+    ("predict-set-key-twice", PREDICT + ["--set", "tp=2 tp=4"], {}, None, "twice"),
+    ("check-set-fullwidth-digit", CHECK + ["--set", "tp=\uff12"], {}, None, "ASCII"),
+    ("run-profile-ranks-fullwidth", RUN + ["--profile", "torch", "--profile-ranks", "\uff11"],
+     {}, None, "--profile-ranks"),
 ]
+ISSUE_37_CASES = 44
+"""The cases above added for issue 37 (hostile but realistic input)."""
 
 
 def snapshot(top: Path) -> dict[str, str]:
-    """Every path under top with a digest of its content (directories as 'dir')."""
+    """Every path under top with a digest of its content (directories as 'dir', symbolic
+    links by their target, FIFOs as 'fifo': reading one would wait for a writer)."""
     out = {}
     for path in sorted(top.rglob("*")):
         rel = str(path.relative_to(top))
-        if path.is_dir():
+        if path.is_symlink():
+            out[rel] = f"link {os.readlink(path)}"
+        elif path.is_dir():
             out[rel] = "dir"
+        elif path.is_fifo():
+            out[rel] = "fifo"
         else:
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
@@ -310,14 +432,18 @@ def assert_one_clean_line(res: subprocess.CompletedProcess, needle: str) -> None
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:], res.stdout[-2000:])
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("trainbench: error: "), lines[0]
+    assert len(lines) == 1, res.stderr[-3000:]
+    assert lines[0].startswith("trainbench: error: "), lines[0][:2000]
+    # One line a person reads: a value in it is shown briefly, never in full.
+    assert len(lines[0]) < 1000, lines[0][:2000]
     assert needle.lower() in lines[0].lower(), (needle, lines[0])
 
 
 def test_the_matrix_is_large_enough():
-    assert len(CASES) >= 60
+    assert len(CASES) >= 60 + ISSUE_37_CASES >= 100
     assert len({c[0] for c in CASES}) == len(CASES)
+    first = next(i for i, c in enumerate(CASES) if c[0] == "check-ranks-a-billion")
+    assert len(CASES) - first == ISSUE_37_CASES
 
 
 @pytest.mark.parametrize("name,argv,extra,setup,needle", CASES, ids=[c[0] for c in CASES])

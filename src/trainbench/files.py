@@ -154,8 +154,9 @@ def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES):
             return loader.construct_document(node)
         except RecursionError:
             raise YAMLBoundError("nested too deeply") from None
-        except (ValueError, OverflowError) as err:  # e.g. an integer of 5,000 digits
-            raise YAMLBoundError(f"a value cannot be read: {_first_line(err)}") from None
+        except (ValueError, OverflowError):  # int() refuses an integer of 5,000 digits
+            raise YAMLBoundError("a value is beyond what a number can hold (an integer of "
+                                 "thousands of digits?)") from None
     finally:
         loader.dispose()
 
@@ -182,11 +183,6 @@ def _counting_loader():
 
         _LOADER = CountingLoader
     return _LOADER
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err)
-    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 def _check_expansion(root, max_nodes: int) -> None:
