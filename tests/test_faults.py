@@ -345,3 +345,68 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+# --- a double Ctrl-C ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_two_ctrl_cs_still_leave_exit_json_and_the_jobs_exit_code(tmp_path):
+    """A terminal's Ctrl-C reaches the launcher's whole process group; a second one 0.3 s
+    later used to end the launcher before it wrote anything (exit 130, no exit.json, the
+    job RUNNING without an exit code, then `results` said "launcher killed"). Now the
+    second one only hurries the ranks' end. While the run goes, `results` says Running."""
+    launcher = start_long_run(tmp_path, stderr=subprocess.PIPE)
+    try:
+        exp = wait_for_two_steps(tmp_path, launcher)
+        during = json.loads(run_cli("results", str(exp), "--format", "json").stdout)
+        (row,) = during["experiments"]
+        assert row["status"] == "Running" and during["summary"]["running"] == 1
+        os.killpg(launcher.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.killpg(launcher.pid, signal.SIGINT)
+        _, stderr = launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith(
+        "trainbench: error: run failed: interrupted by SIGINT (Ctrl-C)")
+    record = json.loads((exp / "exit.json").read_text())
+    assert record["exit_code"] == 130 and record["reason"].startswith("interrupted by SIGINT")
+    (job,) = JobsDB(tmp_path).list()
+    assert (job["state"], job["exit_code"]) == ("FAILED", 130)
+    after = json.loads(run_cli("results", str(exp), "--format", "json").stdout)
+    (row,) = after["experiments"]
+    assert row["status"] == "Failed" and "interrupted by SIGINT" in row["status_detail"]
+    deadline = time.monotonic() + 120  # a bound only: the ranks are normally gone already
+    while processes_naming(str(exp)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_naming(str(exp)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_two_ctrl_cs_before_the_ranks_start_still_leave_the_records(tmp_path):
+    """Both signals as soon as the experiment directory exists (the launcher may still be
+    creating it or starting torchrun): the run ends 130 with exit.json and its job row."""
+    launcher = start_long_run(tmp_path, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while not experiment_dirs(tmp_path) and time.monotonic() < deadline \
+                and launcher.poll() is None:
+            time.sleep(0.01)
+        (exp,) = experiment_dirs(tmp_path)
+        os.killpg(launcher.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.killpg(launcher.pid, signal.SIGINT)
+        launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 130
+    assert json.loads((exp / "exit.json").read_text())["exit_code"] == 130
+    (job,) = JobsDB(tmp_path).list()
+    assert (job["state"], job["exit_code"]) == ("FAILED", 130)
