@@ -13,6 +13,7 @@ from trainbench.results.parse import (
     find_failure, find_last_error, parse_maxtext_line, parse_megatron_line, parse_nemo1_segment,
     parse_nemo2_line, read_metrics_jsonl, scan_log,
 )
+from trainbench.results.summary import summarize_experiment
 
 LOGS = Path(__file__).parent / "data" / "logs"
 NEMO2_8B = next(LOGS.glob("nemo2/experiments/pretrain_llama3.1_8b_bf16_8/*/*/log-*.out"))
@@ -482,3 +483,74 @@ def test_colours_and_crlf_change_nothing(tmp_path):
     path.write_bytes(("\r\n".join(coloured) + "\r\n").encode())
     assert [r.to_dict() for r in scan_log(path).records] == [
         r.to_dict() for r in scan_log(plain).records]
+
+
+# --- torchtitan: every logged step counted --------------------------------------------------
+
+def titan_line(when: str, text: str, rank: int = 0) -> str:
+    """A line as torchtitan's logger prints it (torchtitan/tools/logging.py: `[titan]
+    %(asctime)s - %(name)s - %(levelname)s - %(message)s`), behind torchrun's rank prefix."""
+    return f"[rank{rank}]:[titan] {when} - root - INFO - {text}"
+
+
+def titan_step(step: int, loss: float, tflops: float = 64.9) -> str:
+    """MetricsProcessor.log's step line, format for format (pytorch/torchtitan,
+    torchtitan/components/metrics.py): f"step: {step:2}  loss: {loss:7.4f}  grad_norm:
+    {grad_norm:7.4f}  memory: {gib:5.2f}GiB({pct:.2f}%)  tps: {round(tps):,}  tflops:
+    {tflops:,.2f}  mfu: {mfu:.2f}%"."""
+    return (f"step: {step:2}  loss: {loss:7.4f}  grad_norm: {0.8:7.4f}  memory: "
+            f"{16.91:5.2f}GiB({17.80:.2f}%)  tps: {1234:,}  tflops: {tflops:,.2f}  "
+            f"mfu: {6.56:.2f}%")
+
+
+def titan_log(tmp_path: Path, start_line: str | None, steps=range(1, 11)) -> Path:
+    """Steps 1-10 logged every step, 1.5 s apart, after train()'s start line (printed at
+    12:00:00,000); the first step took 3.25 s (warm-up and compilation)."""
+    lines = [titan_line("2026-11-27 11:59:58,100", "Building llama3 debugmodel")]
+    if start_line is not None:
+        lines.append(titan_line("2026-11-27 12:00:00,000", start_line))
+    for step in steps:
+        ms = 3250 + 1500 * (step - 1)
+        when = f"2026-11-27 12:00:{ms // 1000:02d},{ms % 1000:03d}"
+        lines.append(titan_line(when, titan_step(step, 12.2541 - 0.1 * step)))
+        if step == 5:  # the validator's line names a step too, and is none
+            lines.append(titan_line(when, "validate step:  5  loss:  9.9000  memory: "
+                                          "16.91GiB(17.80%)  tps: 4,321"))
+    path = tmp_path / "torchtitan.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("start_line", [
+    "Training starts at step 1.",  # torchtitan/train.py today
+    "Training starts at step 1, with local batch size 8, global batch size 64, sequence "
+    "length 2048, total steps 10 (warmup 2)",  # older releases
+])
+def test_a_torchtitan_log_of_ten_steps_has_ten_steps(tmp_path, start_line):
+    """Issue 36: steps 1-10 were read as 9 (the first logged step had no step time). The
+    first step is timed from the `Training starts at step 1` line printed just before it."""
+    scan = scan_log(titan_log(tmp_path, start_line))
+    assert scan.format == "torchtitan"
+    assert [r.iteration for r in scan.records] == list(range(10))
+    assert [r.step_time_s for r in scan.records] == pytest.approx([3.25] + [1.5] * 9)
+    assert scan.records[4].loss == pytest.approx(12.2541 - 0.5)  # not the validator's 9.9
+    assert scan.records[0].tflops_per_gpu == 64.9 and not scan.notes
+    r = summarize_experiment(titan_log(tmp_path, start_line))
+    assert r.steps_logged == 10
+
+
+def test_a_torchtitan_excerpt_without_the_start_line_says_its_first_step_is_untimed(tmp_path):
+    scan = scan_log(titan_log(tmp_path, None, steps=range(3, 11)))
+    assert [r.iteration for r in scan.records] == list(range(3, 10))
+    assert scan.notes == ["torchtitan: the first logged step (3) has no step time: the log "
+                          "holds no `Training starts at step` line before it to time it from"]
+
+
+def test_torchtitan_tflops_above_a_thousand_keep_their_digits(tmp_path):
+    """`tflops: {tflops:,.2f}` prints 1,234.56 on a GPU past a thousand TFLOPS."""
+    path = tmp_path / "b200.log"
+    path.write_text("\n".join([
+        titan_line("2026-11-27 12:00:00,000", "Training starts at step 1."),
+        titan_line("2026-11-27 12:00:01,000", titan_step(1, 3.0, tflops=1234.56)),
+        titan_line("2026-11-27 12:00:02,000", titan_step(2, 3.0, tflops=1240.0))]) + "\n")
+    assert [r.tflops_per_gpu for r in scan_log(path).records] == [1234.56, 1240.0]
