@@ -84,9 +84,11 @@ def test_the_dense_and_hybrid_gpu_proxies_run_at_real_width_and_fit_one_h100():
     rows, _ = training_rows(hardware.GPUS["h100"], has_torchao=True, quick=False)
     for row in rows:
         ran, plan, problem = resolve(row, "h100")
-        if row.workload in ("pretrain_qwen3", "pretrain_deepseek_v3"):
-            # The MoE proxies run at real width where they plan and fit, else tiny with
-            # the reason in the row.
+        if row.workload in ("pretrain_qwen3", "pretrain_deepseek_v3") or row.label == \
+                "nemotronh-bf16":
+            # Where the catalog has no such recipe (the 56B is FP8 only) or the proxy may
+            # not fit, the proxy runs at real width where it plans and fits, else tiny
+            # with the reason in the row.
             assert problem is None and (ran == row or ran.size == "tiny" and ran.note)
             continue
         assert problem is None and ran == row, (row.label, ran.note)
