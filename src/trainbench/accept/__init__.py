@@ -92,24 +92,23 @@ def _new_out_dir(out: Path | None) -> Path:
 def plan_rows(req: AcceptRequest, m: machine.Machine) -> tuple[list[Row], list[str]]:
     """The rows this machine runs, their limits set, and what is skipped; AcceptError
     for an --only or --time-limit that names no row."""
-    where = "cpu" if m.on_cpu else "gpu"
-    default, per_row = parse_limits(req.time_limits, DEFAULT_LIMIT_S[where])
+    default, per_row = parse_limits(req.time_limits, DEFAULT_LIMIT_S[m.kind])
     train, skipped = rows_mod.training_rows(m.gpu, m.torchao is not None, req.quick)
     every = rows_mod.build_rows(req.quick) + train + rows_mod.check_rows(m.gpu)
     rows = every
     if req.only:
-        rows = [r for r in rows if rows_mod.matches(r.label, req.only)]
+        rows = [r for r in every if rows_mod.matches(r.label, req.only)]
         skipped = [s for s in skipped if rows_mod.matches(s, req.only)]
         if not rows:
             raise AcceptError(f"--only {','.join(req.only)} names no row; rows: "
                               + ", ".join(r.label for r in every))
     for label in per_row:
-        if not any(label in r.label for r in rows):
+        if not any(rows_mod.matches(r.label, (label,)) for r in rows):
             raise AcceptError(f"--time-limit {label}=...: no row to run is called that; "
                               "rows: " + ", ".join(r.label for r in rows))
     limited = []
     for r in rows:
-        limits = [s for label, s in per_row.items() if label in r.label]
+        limits = [s for label, s in per_row.items() if rows_mod.matches(r.label, (label,))]
         limited.append(replace(r, limit_s=min(limits) if limits else default))
     return limited, skipped
 
@@ -142,9 +141,8 @@ def run_acceptance(req: AcceptRequest, echo: Callable[[str], None] = lambda _: N
                           "prediction can be made for it; `trainbench run --peak-tflops` "
                           "runs it one workload at a time")
     rows, skipped = plan_rows(req, m)
-    where = "cpu" if m.on_cpu else "gpu"
     out = _new_out_dir(req.out)
-    ctx = checks.Context(out=out, gpu_key=m.gpu_key, steps=req.steps or DEFAULT_STEPS[where])
+    ctx = checks.Context(out=out, gpu_key=m.gpu_key, steps=req.steps or DEFAULT_STEPS[m.kind])
     command = shlex.join(["trainbench", *req.argv])
     rep = Report(machine=m, command=command, started=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                  skipped=skipped)

@@ -36,6 +36,11 @@ class Machine:
     def on_cpu(self) -> bool:
         return self.gpu_key == hardware.CPU
 
+    @property
+    def kind(self) -> str:
+        """'cpu' or 'gpu': what the defaults (steps, time limits) are chosen for."""
+        return "cpu" if self.on_cpu else "gpu"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
