@@ -221,3 +221,25 @@ def test_a_log_in_no_format_that_states_a_failure_is_listed(tmp_path):
     (row,) = data["experiments"]
     assert (row["name"], row["status"], row["failure_class"]) == ("train", "Failed",
                                                                   "NCCL timeout")
+
+
+def test_an_unreadable_experiment_is_named_and_the_others_are_reported(tree):
+    """Issue 37: one metrics.jsonl without read permission used to end `results` with a raw
+    `[Errno 13]` line and no table. The command runs as an unprivileged user in a user
+    namespace (root reads any file), where the tree's owner is that user."""
+    locked = next(tree.glob("**/metrics.jsonl"))
+    locked.chmod(0)
+    try:
+        res = subprocess.run(["unshare", "--user", "--map-user=65534", sys.executable, "-m",
+                              "trainbench.cli", "results", str(tree), "--format", "json"],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        locked.chmod(0o644)
+    if res.returncode != 0 and "unshare" in res.stderr:
+        pytest.skip(f"no user namespace here: {res.stderr.strip()}")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["summary"]["experiments"] == 4  # the five of `tree`, less the locked one
+    line = f"{locked.parent}: cannot read {locked}: Permission denied, not read"
+    assert data["unread"] == [line]
+    assert res.stderr.strip() == f"trainbench: warning: {line}"
