@@ -94,7 +94,9 @@ def plan_rows(req: AcceptRequest, m: machine.Machine) -> tuple[list[Row], list[s
     for an --only or --time-limit that names no row."""
     default, per_row = parse_limits(req.time_limits, DEFAULT_LIMIT_S[m.kind])
     train, skipped = rows_mod.training_rows(m.gpu, m.torchao is not None, req.quick)
-    every = rows_mod.build_rows(req.quick) + train + rows_mod.check_rows(m.gpu)
+    # On a GPU the training rows build the real-width proxies themselves.
+    builds = rows_mod.build_rows(req.quick) if m.on_cpu else []
+    every = builds + train + rows_mod.check_rows(m.gpu)
     rows = every
     if req.only:
         rows = [r for r in every if rows_mod.matches(r.label, req.only)]

@@ -14,8 +14,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def accept(
         quick: bool = typer.Option(False, "--quick", help="A subset: Llama 3.1 in bf16 and "
-                                   "FP8, Nemotron-H in FP8, DeepSeek-V3 in bf16 (and their "
-                                   "builds), and the checkpoint, profile and probe rows."),
+                                   "FP8, Nemotron-H in FP8, DeepSeek-V3 in bf16 (on a CPU "
+                                   "their builds too), and the checkpoint, profile and "
+                                   "probe rows."),
         out: Optional[Path] = typer.Option(None, "--out", help="A new directory for the "
                                            "report, logs and runs (default: "
                                            "acceptance/<timestamp>)."),

@@ -129,7 +129,8 @@ def training_rows(gpu: hardware.GPU | None, has_torchao: bool, quick: bool
 
 def build_rows(quick: bool) -> list[Row]:
     """Each family's real-width GPU proxy built with `trainbench check` (the meta device,
-    a fake process group: no GPU needed), so a CPU run exercises those shapes too."""
+    a fake process group: no GPU needed), so a CPU run, whose training rows are the tiny
+    sizes, exercises those shapes too."""
     keys = {key for key, _ in QUICK} if quick else {f.key for f in FAMILIES}
     return [Row(f"{f.key}-build", BUILD, f.workload, f.size, "bf16",
                 f"{f.settings} {SINGLE_RANK}") for f in FAMILIES if f.key in keys]
