@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 from trainbench.engine.log import StepMetrics, format_step_line
-from trainbench.results.parse import (
-    find_failure, find_last_error, parse_maxtext_line, parse_megatron_line, parse_nemo1_segment,
-    parse_nemo2_line, read_metrics_jsonl, scan_log,
-)
+from trainbench.results.failure import find_failure, find_last_error
+from trainbench.results.formats.maxtext import parse_maxtext_line
+from trainbench.results.formats.megatron import parse_megatron_line
+from trainbench.results.formats.nemo import parse_nemo1_segment, parse_nemo2_line
+from trainbench.results.metrics_jsonl import read_metrics_jsonl
+from trainbench.results.parse import scan_log
 from trainbench.results.summary import summarize_experiment
 
 LOGS = Path(__file__).parent / "data" / "logs"

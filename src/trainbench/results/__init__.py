@@ -7,7 +7,9 @@ Library entry points (for the Slurm job history and other callers):
     result = summarize_experiment("experiments/<name>/<name>_<timestamp>")
     result.status, result.step_time_mean_s, result.to_dict()
 
-Modules: parse (log readers -> StepRecord), status, infer (workload from seed names),
+Modules: parse (the scanner -> StepRecord), formats (one module per log format),
+metrics_jsonl (trainbench's own records), failure (why a run failed), status, infer
+(workload from seed names),
 summary (ExperimentResult), report (table/CSV/JSON), plot (PNG charts), cli.
 The names below load on first use, so `import trainbench.results` costs nothing.
 """
@@ -24,7 +26,7 @@ _EXPORTS = {
     "StepRecord": "parse",
     "LogScan": "parse",
     "scan_log": "parse",
-    "read_metrics_jsonl": "parse",
+    "read_metrics_jsonl": "metrics_jsonl",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -22,7 +22,9 @@ from ..files import MAX_RECORD_BYTES, describe_read_error, file_kind, is_regular
 from ..launch.experiment import (EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE,
                                  launcher_gone)
 from .infer import Identity, infer_identity
-from .parse import LogScan, StepRecord, find_failure, read_metrics_jsonl, scan_log
+from .failure import find_failure
+from .metrics_jsonl import read_metrics_jsonl
+from .parse import LogScan, StepRecord, scan_log
 from .status import (FAILED, INCOMPLETE, INVALID, RUNNING, SUCCESS, UNRECOGNISED,
                      classify_failure, compute_status)
 
@@ -348,6 +350,59 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     notes: list[str] = []
     result = ExperimentResult(name=_experiment_name(path), path=str(path), notes=notes)
 
+    facts, log_file, scan = _read_sources(path, scan, result)
+    result.format = scan.format
+    result.records = scan.records
+    notes.extend(scan.notes)
+
+    _identify(result, facts, scan, path, workload, size, dtype, scale, gpu)
+    spec = _model_spec(result, facts, notes)
+
+    # Run length and window.
+    total = scan.total_iterations
+    # A run resumed from a checkpoint at step N logs iterations N..N+steps-1.
+    first = _count((facts.run or {}).get("first_iteration")) or 0
+    if facts.plan and _count(facts.plan.get("steps")):
+        total = first + _count(facts.plan["steps"])
+    iterations = [r.iteration for r in scan.records]
+    result.steps_logged = len(iterations)
+    result.last_iteration = iterations[-1] if iterations else None
+    result.total_iterations = total
+    if not total and iterations and facts.plan is None:
+        # No run length printed: the log may be an excerpt, so the window is scaled to
+        # the iterations it holds rather than to 0..last.
+        first = iterations[0]
+    length = (total - first) if total else (iterations[-1] - first + 1 if iterations else None)
+    win = window
+    if win is None and length:
+        start, end = metrics.default_window(length)
+        win = (first + start, first + end)
+    if win:
+        result.window_start, result.window_end = win
+
+    if _settle_status(result, facts, scan, path, log_file, total, win) == RUNNING:
+        return result
+    failed_after_last_step = result.exit_code and result.status == SUCCESS
+    _comparability(result, facts, scan)
+    _window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
+    _telemetry(result, facts)
+    _profiling_overhead(result, facts)
+    _straggler(result, facts)
+    if failed_after_last_step:
+        # Every step logged, then a non-zero exit (a crash in the final checkpoint, a rank
+        # killed at teardown): its steps' timings stand, but the run did not end as it
+        # should, so it is never a Success.
+        result.status = FAILED
+    _compare(result, spec, convention, tolerance_pct)
+    return result
+
+
+def _read_sources(path: Path, scan: LogScan | None, result: ExperimentResult
+                  ) -> tuple[_RunFacts, Path | None, LogScan]:
+    """(the run's records, its log, the scan of its steps) for a run directory (its
+    metrics.jsonl, else its log) or a log file (scan: one already made of it); sets the
+    result's log_file."""
+    notes = result.notes
     facts = _RunFacts()
     log_file: Path | None = None
     if path.is_dir():
@@ -372,36 +427,20 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     if scan is None:
         scan = LogScan(path)
         notes.append("no metrics.jsonl and no log file")
-    result.format = scan.format
-    result.records = scan.records
-    notes.extend(scan.notes)
+    return facts, log_file, scan
 
-    _identify(result, facts, scan, path, workload, size, dtype, scale, gpu)
-    spec = _model_spec(result, facts, notes)
 
-    # Run length and window.
-    total = scan.total_iterations
-    # A run resumed from a checkpoint at step N logs iterations N..N+steps-1.
-    first = int((facts.run or {}).get("first_iteration") or 0)
-    if facts.plan and facts.plan.get("steps"):
-        total = first + int(facts.plan["steps"])
-    iterations = [r.iteration for r in scan.records]
-    result.steps_logged = len(iterations)
-    result.last_iteration = iterations[-1] if iterations else None
-    result.total_iterations = total
-    if not total and iterations and facts.plan is None:
-        # No run length printed: the log may be an excerpt, so the window is scaled to
-        # the iterations it holds rather than to 0..last.
-        first = iterations[0]
-    length = (total - first) if total else (iterations[-1] - first + 1 if iterations else None)
-    win = window
-    if win is None and length:
-        start, end = metrics.default_window(length)
-        win = (first + start, first + end)
-    if win:
-        result.window_start, result.window_end = win
+def _settle_status(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: Path,
+                   log_file: Path | None, total: int | None,
+                   win: tuple[int, int] | None) -> str:
+    """Set the result's status, its detail, exit code and failure class; its status.
 
-    # Status (the log's last error line is looked up only when something went wrong).
+    A run directory without exit.json is Running while its run goes on (_still_running;
+    nothing more is computed for it); its launcher killed, it failed. The log's last error
+    line is looked up only when something went wrong. A non-zero exit code after the last
+    step leaves the status Success here, with the detail saying so: the caller computes
+    the timings of its steps, then marks it Failed."""
+    notes = result.notes
     if facts.exit is not None:
         code = facts.exit.get("exit_code")
         if isinstance(code, int) and not isinstance(code, bool) and -2**31 <= code < 2**31:
@@ -412,7 +451,7 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
         running = _still_running(path)
         if running is not None:
             _running(result, scan, facts, running)
-            return result
+            return RUNNING
         if launcher_gone(path):
             # Killed with SIGKILL, the launcher wrote no exit.json: the run ended, and failed.
             facts.exit = {"reason": "launcher killed: it ended without writing exit.json"}
@@ -431,23 +470,10 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     elif status.status not in (FAILED, INCOMPLETE):
         result.failure_class = None
     result.status, result.status_detail = status.status, status.detail
-    failed_after_last_step = bool(result.exit_code) and status.status == SUCCESS
-    if failed_after_last_step:
+    if result.exit_code and status.status == SUCCESS:
         result.status_detail = (f"exit code {result.exit_code} after the last step"
                                 + (f": {result.last_error}" if result.last_error else ""))
-
-    _comparability(result, facts, scan)
-    _window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
-    _telemetry(result, facts)
-    _profiling_overhead(result, facts)
-    _straggler(result, facts)
-    if failed_after_last_step:
-        # Every step logged, then a non-zero exit (a crash in the final checkpoint, a rank
-        # killed at teardown): its steps' timings stand, but the run did not end as it
-        # should, so it is never a Success.
-        result.status = FAILED
-    _compare(result, spec, convention, tolerance_pct)
-    return result
+    return result.status
 
 
 def _still_running(directory: Path) -> str | None:
@@ -751,6 +777,14 @@ def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str
             return None, None
         return (peak, "catalog") if peak else (None, None)
     return None, None
+
+
+def _count(value) -> int | None:
+    """A record's step count as an int, None where it is none (a string, a float, a
+    number past any run's length)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10**12:
+        return value
+    return None
 
 
 def _positive_number(value) -> float | None:
