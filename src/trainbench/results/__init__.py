@@ -21,7 +21,7 @@ import importlib
 _EXPORTS = {
     "summarize_experiment": "summary",
     "summarize_paths": "summary",
-    "find_experiments": "summary",
+    "find_experiments": "rundir",
     "ExperimentResult": "summary",
     "StepRecord": "parse",
     "LogScan": "parse",

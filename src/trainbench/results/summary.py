@@ -9,26 +9,29 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import flops as fl
 from .. import metrics
 from ..catalog import hardware, models, recipes, references
-from ..files import MAX_RECORD_BYTES, describe_read_error, file_kind, is_regular, read_bounded
-from ..launch.experiment import (EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE,
-                                 launcher_gone)
-from .infer import Identity, infer_identity
+from ..files import describe_read_error, is_regular
+from ..launch.experiment import METRICS_FILE, launcher_gone
 from .failure import find_failure
+from .infer import Identity, infer_identity
 from .metrics_jsonl import read_metrics_jsonl
+from .observations import profiling_overhead, straggler_note, telemetry
 from .parse import LogScan, StepRecord, scan_log
+from .rundir import (RunFacts, experiment_name, find_experiments, not_regular, read_run_dir,
+                     run_dir_log, still_running)
+from .window import NO_PEAK_CPU_FP8, window_metrics
+
+__all__ = ["ExperimentResult", "NO_PEAK_CPU_FP8", "check_options", "find_experiments",
+           "reference_mfu_pct", "speed_verdict", "summarize_experiment", "summarize_paths"]
 from .status import (FAILED, INCOMPLETE, INVALID, RUNNING, SUCCESS, UNRECOGNISED,
                      classify_failure, compute_status)
 
-LOG_SUFFIXES = (".out", ".log")
 _CAUSE_TAIL = 8 * 2**20
 """How far back from its end a log not named log-* is searched for a cause of failure
 before it is taken for a batch script's output."""
@@ -145,161 +148,6 @@ def _json_safe(data: dict) -> dict:
             for k, v in data.items()}
 
 
-# --- finding experiments ------------------------------------------------------------------
-
-def is_experiment_dir(path: Path) -> bool:
-    return (path / PLAN_FILE).is_file() or (path / METRICS_FILE).is_file()
-
-
-def _is_main_log(path: Path) -> bool:
-    """The seeds and trainbench name a run's main log `log-<name>.out`."""
-    return path.name.startswith("log-") and path.suffix in LOG_SUFFIXES
-
-
-def find_experiments(paths: list[str | Path],
-                     skipped: list[str] | None = None) -> list[tuple[Path, bool]]:
-    """Experiments under the given paths, as (path, certain) pairs in a stable order.
-
-    A directory with plan.json or metrics.jsonl is one experiment (not descended into);
-    a `log-*.out` file is one; another *.out/*.log file is one only if it holds step
-    lines, which the caller learns by parsing it (certain=False). A file named on the
-    command line is always an experiment. Only regular files are logs: a FIFO, device or
-    socket never ends, so it is not read, and a line saying so goes to `skipped` (as does
-    a directory that cannot be listed). FileNotFoundError for a path that does not exist.
-    """
-    found: list[tuple[Path, bool]] = []
-    seen: set[Path] = set()
-    skipped = skipped if skipped is not None else []
-
-    def add(p: Path, certain: bool) -> None:
-        try:
-            key = p.resolve()
-        except (OSError, RuntimeError):  # a symlink loop: no file at its end
-            skipped.append(f"{p}: a symbolic link loop, not read")
-            return
-        if key not in seen:
-            seen.add(key)
-            found.append((p, certain))
-
-    def unlisted(err: OSError) -> None:
-        skipped.append(f"{err.filename}: cannot be listed ({err.strerror}), not read")
-
-    for raw in paths:
-        top = Path(raw)
-        if not top.exists():
-            raise FileNotFoundError(f"{top} does not exist")
-        if is_regular(top):
-            add(top.parent if is_experiment_dir(top.parent) else top, True)
-            continue
-        if not top.is_dir():
-            skipped.append(_not_regular(top))
-            continue
-        for root, dirs, files in os.walk(top, onerror=unlisted):
-            here = Path(root)
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            if is_experiment_dir(here):
-                add(here, True)
-                dirs[:] = []
-                continue
-            for name in sorted(files):
-                p = here / name
-                if p.suffix not in LOG_SUFFIXES:
-                    continue
-                if is_regular(p):
-                    add(p, _is_main_log(p))
-                else:
-                    skipped.append(_not_regular(p))
-    return found
-
-
-def _not_regular(path: Path, label: str | None = None) -> str:
-    """The line that says why a path named like a log was not read (labelled `label`,
-    else by the path)."""
-    label = label or str(path)
-    try:
-        kind = file_kind(path.stat().st_mode)
-    except OSError as err:
-        return f"{label}: cannot be read ({err.strerror}), not read"
-    return f"{label}: {kind}, not a regular file, not read"
-
-
-# --- reading a trainbench run directory -------------------------------------------------------
-
-@dataclass
-class _RunFacts:
-    """What the trainbench files of a run directory say (all optional)."""
-
-    plan: dict | None = None
-    model: models.ModelSpec | None = None
-    run: dict | None = None
-    exit: dict | None = None
-
-
-def _read_json(path: Path, notes: list[str]) -> dict | None:
-    """A run record as a dict; None with a note when it is absent, not a regular file, too
-    large, not JSON or not an object. Nothing here ends the summary."""
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(read_bounded(path, MAX_RECORD_BYTES))
-    except OSError as err:
-        notes.append(f"{path.name} unreadable: {describe_read_error(err)}")
-        return None
-    except RecursionError:
-        notes.append(f"{path.name} unreadable: nested too deeply")
-        return None
-    except ValueError as err:
-        notes.append(f"{path.name} unreadable: {str(err).splitlines()[0][:200]}")
-        return None
-    if not isinstance(data, dict):
-        notes.append(f"{path.name} is not a JSON object")
-        return None
-    return data
-
-
-def _read_run_dir(directory: Path, notes: list[str]) -> _RunFacts:
-    facts = _RunFacts()
-    facts.plan = _read_json(directory / PLAN_FILE, notes)
-    if facts.plan is not None:
-        from ..plan import Plan
-        try:
-            facts.model = Plan.from_dict(dict(facts.plan)).model
-        except (TypeError, KeyError, ValueError):
-            # A plan written by another trainbench version: the catalog still knows the model.
-            try:
-                spec = models.get_model(facts.plan["workload"], facts.plan["size"])
-                layers = facts.plan.get("model", {}).get("layers")
-                facts.model = spec.with_layers(layers) if layers and not spec.is_hybrid else spec
-            except (LookupError, KeyError):
-                notes.append("plan.json names a model this trainbench does not know")
-    facts.run = _read_json(directory / RUN_FILE, notes)
-    facts.exit = _read_json(directory / EXIT_FILE, notes)
-    return facts
-
-
-def _run_dir_log(directory: Path, plan: dict | None, notes: list[str]) -> Path | None:
-    """The run's log: the one its plan names, else the first log-*.out, else any log.
-    Only regular files are logs; one that is not (a FIFO) is named in the notes."""
-    candidates = sorted(p for p in directory.iterdir() if p.suffix in LOG_SUFFIXES)
-    for p in candidates:
-        if not is_regular(p) and p.exists():
-            notes.append(_not_regular(p, p.name))
-    logs = [p for p in candidates if is_regular(p)]
-    if plan and isinstance(plan.get("name"), str):
-        named = directory / f"log-{plan['name']}.out"
-        if named in logs:
-            return named
-    mains = [p for p in logs if _is_main_log(p)]
-    return (mains or logs or [None])[0]
-
-
-def _experiment_name(path: Path) -> str:
-    if path.is_dir():
-        return path.name
-    stem = path.stem
-    return stem[4:] if stem.startswith("log-") else stem
-
-
 def check_options(convention: str = "published", workload: str | None = None,
                   size: str | None = None, dtype: str | None = None, scale: int | None = None,
                   gpu: str | None = None) -> None:
@@ -348,7 +196,7 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     notes: list[str] = []
-    result = ExperimentResult(name=_experiment_name(path), path=str(path), notes=notes)
+    result = ExperimentResult(name=experiment_name(path), path=str(path), notes=notes)
 
     facts, log_file, scan = _read_sources(path, scan, result)
     result.format = scan.format
@@ -384,10 +232,10 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
         return result
     failed_after_last_step = result.exit_code and result.status == SUCCESS
     _comparability(result, facts, scan)
-    _window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
-    _telemetry(result, facts)
-    _profiling_overhead(result, facts)
-    _straggler(result, facts)
+    window_metrics(result, scan, spec, convention, facts, window_given=window is not None)
+    telemetry(result, facts)
+    profiling_overhead(result, facts)
+    straggler_note(result, facts)
     if failed_after_last_step:
         # Every step logged, then a non-zero exit (a crash in the final checkpoint, a rank
         # killed at teardown): its steps' timings stand, but the run did not end as it
@@ -398,20 +246,20 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
 
 
 def _read_sources(path: Path, scan: LogScan | None, result: ExperimentResult
-                  ) -> tuple[_RunFacts, Path | None, LogScan]:
+                  ) -> tuple[RunFacts, Path | None, LogScan]:
     """(the run's records, its log, the scan of its steps) for a run directory (its
     metrics.jsonl, else its log) or a log file (scan: one already made of it); sets the
     result's log_file."""
     notes = result.notes
-    facts = _RunFacts()
+    facts = RunFacts()
     log_file: Path | None = None
     if path.is_dir():
         scan = None  # a run directory's own files decide what is read
-        facts = _read_run_dir(path, notes)
+        facts = read_run_dir(path, notes)
         metrics_file = path / METRICS_FILE
-        log_file = _run_dir_log(path, facts.plan, notes)
+        log_file = run_dir_log(path, facts.plan, notes)
         if metrics_file.exists() and not is_regular(metrics_file):
-            notes.append(_not_regular(metrics_file, METRICS_FILE))
+            notes.append(not_regular(metrics_file, METRICS_FILE))
         elif metrics_file.is_file():
             scan = read_metrics_jsonl(metrics_file)
             if scan.truncated_last_line:
@@ -430,12 +278,12 @@ def _read_sources(path: Path, scan: LogScan | None, result: ExperimentResult
     return facts, log_file, scan
 
 
-def _settle_status(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: Path,
+def _settle_status(result: ExperimentResult, facts: RunFacts, scan: LogScan, path: Path,
                    log_file: Path | None, total: int | None,
                    win: tuple[int, int] | None) -> str:
     """Set the result's status, its detail, exit code and failure class; its status.
 
-    A run directory without exit.json is Running while its run goes on (_still_running;
+    A run directory without exit.json is Running while its run goes on (still_running;
     nothing more is computed for it); its launcher killed, it failed. The log's last error
     line is looked up only when something went wrong. A non-zero exit code after the last
     step leaves the status Success here, with the detail saying so: the caller computes
@@ -448,7 +296,7 @@ def _settle_status(result: ExperimentResult, facts: _RunFacts, scan: LogScan, pa
         else:
             notes.append("exit.json has no integer exit_code")
     elif path.is_dir():
-        running = _still_running(path)
+        running = still_running(path)
         if running is not None:
             _running(result, scan, facts, running)
             return RUNNING
@@ -476,22 +324,7 @@ def _settle_status(result: ExperimentResult, facts: _RunFacts, scan: LogScan, pa
     return result.status
 
 
-def _still_running(directory: Path) -> str | None:
-    """Why a run directory without exit.json belongs to a run that has not ended, or None:
-    its recorded local launcher still runs, or (no launcher recorded: a Slurm job) the job
-    history says the job is queued or running."""
-    gone = launcher_gone(directory)
-    if gone is False:
-        return "its launcher is still running"
-    if gone is None:
-        from ..launch.jobs import recorded_activity
-        state = recorded_activity(directory)
-        if state is not None:
-            return f"the job history says {state}"
-    return None
-
-
-def _running(result: ExperimentResult, scan: LogScan, facts: _RunFacts, why: str) -> None:
+def _running(result: ExperimentResult, scan: LogScan, facts: RunFacts, why: str) -> None:
     """A run in progress: its steps so far, no verdict on them, not in the success rate."""
     records = scan.records
     result.status = RUNNING
@@ -505,99 +338,7 @@ def _running(result: ExperimentResult, scan: LogScan, facts: _RunFacts, why: str
     _comparability(result, facts, scan)
 
 
-def profiled_iterations(features: dict) -> tuple[range, set[int]]:
-    """(iterations a profiled run traced, iterations the profiler touched before them).
-
-    torch.profiler is prepared (its warm-up: Kineto, and CUPTI on a GPU, already
-    collecting) before the step ahead of the first traced one (engine/profiling.py), so
-    that step is neither clean nor traced; nsys has no warm-up step.
-    """
-    mode = features.get("profile")
-    if not mode:
-        return set(), set()
-    try:
-        start, stop = int(features.get("profile_start", 0)), int(features.get("profile_stop", -1))
-    except (TypeError, ValueError, OverflowError):
-        return range(0), set()
-    # A range, never a set: a plan.json may name any span, and `in`, min and max on a
-    # range cost nothing.
-    traced = range(start, stop + 1)
-    return traced, ({start - 1} if mode == "torch" and start > 0 else set())
-
-
-def _profiling_overhead(result: ExperimentResult, facts: _RunFacts) -> None:
-    """Profiling's cost measured on the run itself: its traced steps in the window against
-    its unprofiled steps there, so a profiled figure is never trusted blindly."""
-    features = (facts.plan or {}).get("features") or {}
-    traced, warmup = profiled_iterations(features)
-    if not traced or result.window is None or result.step_time_mean_s is None:
-        return
-    first, last = result.window
-    times = {r.iteration: r.step_time_s for r in result.records
-             if first <= r.iteration <= last and r.step_time_s is not None
-             and math.isfinite(r.step_time_s)}
-    profiled = [t for it, t in times.items() if it in traced]
-    clean = [t for it, t in times.items() if it not in traced and it not in warmup]
-    span = f"{min(traced)}-{max(traced)}"
-    inside = sorted(it for it in times if it in traced)
-    if inside and (inside[0], inside[-1]) != (min(traced), max(traced)):
-        span = f"{inside[0]}-{inside[-1]} (of {span}, the rest outside the window)"
-    if not profiled:
-        result.profiling_overhead = (f"not measured: the profiled iterations {span} lie "
-                                     f"outside the window {first}-{last} (pass --window)")
-    elif not clean:
-        result.profiling_overhead = (f"no unprofiled steps to compare: the window {first}-"
-                                     f"{last} holds only profiled iterations ({span})"
-                                     + (f" and the profiler's warm-up step {min(warmup)}"
-                                        if warmup else ""))
-    else:
-        mean_p, mean_c = sum(profiled) / len(profiled), sum(clean) / len(clean)
-        result.profiling_overhead_pct = 100 * (mean_p / mean_c - 1)
-        result.profiling_overhead = (
-            f"{result.profiling_overhead_pct:+.1f}%: profiled iterations {span} "
-            f"{mean_p:.4g} s/step ({len(profiled)} step(s)) vs {mean_c:.4g} s/step over the "
-            f"window's {len(clean)} unprofiled step(s)"
-            + (f" (warm-up step {min(warmup)} left out)" if warmup else ""))
-    result.notes.append(f"profiling overhead {result.profiling_overhead}")
-
-
-def _straggler(result: ExperimentResult, facts: _RunFacts) -> None:
-    """The engine's per-rank compute times (run.json `straggler`): the spread always, the
-    slowest rank named only past the engine's threshold."""
-    from ..engine.straggler import describe  # no torch at import
-    record = (facts.run or {}).get("straggler")
-    if not isinstance(record, dict) or not isinstance(record.get("slowest"), dict):
-        return
-    slow = record["slowest"]
-    pct = slow.get("pct_above_median")
-    result.rank_compute_spread_pct = float(pct) if isinstance(pct, (int, float)) else None
-    if record.get("flagged") is True:
-        result.straggler_rank = slow.get("rank")
-        result.straggler_host = slow.get("host")
-        try:
-            result.straggler = describe(record)
-        except (KeyError, TypeError, ValueError):  # a hand-edited or older record
-            result.straggler = f"straggler: rank {slow.get('rank')} (host {slow.get('host')})"
-        result.notes.append(result.straggler)
-
-
-def _telemetry(result: ExperimentResult, facts: _RunFacts) -> None:
-    """Energy per token and throttling from the engine's telemetry in run.json."""
-    telemetry = (facts.run or {}).get("telemetry")
-    if not isinstance(telemetry, dict):
-        return
-    energy = telemetry.get("energy_per_token_j")
-    result.energy_per_token_j = float(energy) if isinstance(energy, (int, float)) else None
-    throttled = telemetry.get("throttled")
-    result.throttled = throttled if isinstance(throttled, bool) else None
-    if result.throttled:
-        reasons = ", ".join(telemetry.get("throttle_reasons") or []) or "reason not reported"
-        what = "GPU" if telemetry.get("source") == "nvml" else "CPU"
-        result.notes.append(f"{what} throttled during the timed window ({reasons}): its "
-                            "timings reflect lowered clocks")
-
-
-def _identify(result: ExperimentResult, facts: _RunFacts, scan: LogScan, path: Path,
+def _identify(result: ExperimentResult, facts: RunFacts, scan: LogScan, path: Path,
               workload, size, dtype, scale, gpu) -> None:
     plan = facts.plan
     if plan is not None:
@@ -690,7 +431,7 @@ def _fact_str(facts: dict, key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _model_spec(result: ExperimentResult, facts: _RunFacts, notes: list[str]):
+def _model_spec(result: ExperimentResult, facts: RunFacts, notes: list[str]):
     if facts.model is not None:
         return facts.model
     if not (result.workload and result.size):
@@ -710,6 +451,14 @@ def _model_spec(result: ExperimentResult, facts: _RunFacts, notes: list[str]):
     return spec
 
 
+def _count(value) -> int | None:
+    """A record's step count as an int, None where it is none (a string, a float, a
+    number past any run's length)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10**12:
+        return value
+    return None
+
+
 def _last_error(log_file: Path | None, exit_info: dict | None) -> tuple[str | None, str | None]:
     """(failure class, line) of a run: the log's line of its most specific known cause,
     or its last error line; exit.json's reason (trainbench's own launcher: disk full, a
@@ -727,7 +476,7 @@ def _last_error(log_file: Path | None, exit_info: dict | None) -> tuple[str | No
     return cls, line
 
 
-def _comparability(result: ExperimentResult, facts: _RunFacts, scan: LogScan) -> None:
+def _comparability(result: ExperimentResult, facts: RunFacts, scan: LogScan) -> None:
     features = (facts.plan or {}).get("features") or {}
     if features.get("profile"):
         result.comparable = False
@@ -747,120 +496,6 @@ def _comparability(result: ExperimentResult, facts: _RunFacts, scan: LogScan) ->
             result.comparable = False
             result.notes.append(f"profiled run (the log says `{scan.profiled[:120]}`): not "
                                 "valid for performance comparison")
-
-
-NO_PEAK_CPU_FP8 = "not applicable (CPU FP8 emulation: correctness only)"
-"""peak_source of a CPU FP8 run: there is no peak to measure its emulated GEMMs against."""
-
-
-def _peak(result: ExperimentResult, facts: _RunFacts) -> tuple[float | None, str | None]:
-    run = facts.run or {}
-    if run.get("mfu_not_applicable"):  # CPU FP8: an emulation, no peak to compare with
-        result.notes.append(run["mfu_not_applicable"])
-        return None, NO_PEAK_CPU_FP8
-    for record, name, source in ((run, RUN_FILE, run.get("peak_source") or "run.json"),
-                                 (facts.plan or {}, PLAN_FILE, "catalog")):
-        if record.get("peak_tflops"):
-            peak = _positive_number(record["peak_tflops"])
-            if peak is None:  # the note names the field, never its value (NaN, -1e9, ...)
-                result.notes.append(f"{name} peak_tflops is not a positive number: no MFU")
-                return None, None
-            return peak, str(source)
-    if facts.plan is not None:
-        if result.gpu_type == hardware.CPU:
-            result.notes.append("CPU run without run.json: no measured GEMM peak, no MFU")
-        return None, None
-    if result.gpu_type and result.dtype:
-        try:
-            peak = hardware.get_gpu(result.gpu_type).peak(result.dtype)
-        except LookupError:
-            return None, None
-        return (peak, "catalog") if peak else (None, None)
-    return None, None
-
-
-def _count(value) -> int | None:
-    """A record's step count as an int, None where it is none (a string, a float, a
-    number past any run's length)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10**12:
-        return value
-    return None
-
-
-def _positive_number(value) -> float | None:
-    """A JSON value as a positive, finite float; None for anything else."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        number = float(value)
-    except (ValueError, OverflowError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
-
-
-def _window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: str,
-                    facts: _RunFacts, window_given: bool = False) -> None:
-    records = scan.records
-    peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes]
-    if scan.peak_memory_bytes:
-        peaks.append(scan.peak_memory_bytes)
-    if peaks:
-        result.peak_memory_gib = max(peaks) / 2**30
-    if result.window is None or not records or result.status in (FAILED, INVALID):
-        return
-    times = {r.iteration: r.step_time_s for r in records}
-    stats = metrics.window_stats(times, result.window)
-    if stats is None and not window_given:
-        # An excerpt of a long run: the window scaled to its planned length holds none of
-        # the steps the log has, so the steps present are used, and the note says so.
-        first, last = records[0].iteration, records[-1].iteration
-        result.notes.append(
-            f"the default window {result.window_start}-{result.window_end} (scaled to "
-            f"{result.total_iterations} planned iterations) holds none of the logged "
-            f"iterations {first}-{last}: the {len(records)} step(s) present are used; pass "
-            f"--window {first}-{last} (or another range of them) to choose")
-        result.window_start, result.window_end = first, last
-        stats = metrics.window_stats(times, result.window)
-    if stats is None:
-        result.notes.append(f"no step in window {result.window_start}-{result.window_end}")
-        return
-    result.window_count = stats.count
-    result.step_time_mean_s, result.step_time_std_s = stats.mean, stats.std
-    logged = metrics.window_stats({r.iteration: r.tflops_per_gpu for r in records
-                                   if r.tflops_per_gpu is not None}, result.window)
-    if logged is not None:
-        result.log_tflops_per_gpu = logged.mean
-
-    t = stats.mean
-    if result.seq_len and result.gbs:
-        result.tokens_per_s = metrics.tokens_per_second(result.seq_len, result.gbs, t)
-        result.days_per_1t_tokens = metrics.days_to_train(result.tokens_per_s)
-        if result.gpus:
-            result.tokens_per_s_per_gpu = result.tokens_per_s / result.gpus
-    peak, source = _peak(result, facts)
-    result.peak_tflops, result.peak_source = peak, source
-    if spec is not None and result.gbs and result.gpus:
-        f = fl.flops_per_sequence(spec, result.seq_len, convention)
-        result.tflops_per_gpu = metrics.tflops_per_gpu(result.gbs, f, t, result.gpus)
-        result.tflops_source = f"computed ({convention})"
-        result.mfu_convention = convention
-        if peak:
-            result.mfu_pct = 100 * metrics.mfu(result.gbs, f, t, result.gpus, peak)
-    elif result.log_tflops_per_gpu is not None:
-        result.tflops_per_gpu = result.log_tflops_per_gpu
-        result.tflops_source = "log"
-        if peak:
-            result.mfu_pct = 100 * result.tflops_per_gpu / peak
-            result.mfu_convention = "log's own FLOPs"
-    problem = metrics.mfu_problem(result.mfu_pct, peak, source)
-    if problem:
-        # Never a normal figure: tables, sorting, plots and the job history see no MFU.
-        invalid = result.mfu_pct if math.isfinite(result.mfu_pct) else None
-        result.mfu_invalid_pct, result.mfu_pct, result.mfu_problem = invalid, None, problem
-        result.notes.append(problem)
-    elif result.mfu_pct is not None and source == "measured GEMM":
-        result.notes.append(f"MFU against the measured GEMM peak of {peak:.3g} TFLOPS "
-                            "(no published peak for this device)")
 
 
 def reference_mfu_pct(ref: references.Reference, convention: str) -> float | None:
