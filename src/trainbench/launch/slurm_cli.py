@@ -255,8 +255,6 @@ def bulk_command(
                                         help="Where experiments/ and the job history live "
                                              "(default: the cluster config's, else .)."),
 ):
-    from rich.table import Table
-
     from ..cli import console, fail
     from ..plan import PlanError
     from . import bulk
@@ -288,14 +286,7 @@ def bulk_command(
             fail(problem)
 
     out = console()
-    table = Table(title=f"{file.name}: {len(tasks)} run(s) on {executor}")
-    for col in ("#", "workload", "size", "dtype", "ranks", "repeat", "layout", "nodes", "steps"):
-        table.add_column(col)
-    for task, plan in zip(tasks, plans):
-        table.add_row(str(task.index), task.workload, task.size, task.dtype, str(task.scale),
-                      str(task.repeat), plan.layout.describe(), str(plan.num_nodes),
-                      str(plan.steps))
-    out.print(table)
+    out.print(_sweep_table(f"{file.name}: {len(tasks)} run(s) on {executor}", tasks, plans))
     if dry_run:
         if executor == "local":
             for task in tasks:
@@ -330,6 +321,18 @@ def bulk_command(
 
 
 bulk_command.__doc__ = BULK_HELP
+
+
+def _sweep_table(title: str, tasks: list, plans: list):
+    from rich.table import Table
+    table = Table(title=title)
+    for col in ("#", "workload", "size", "dtype", "ranks", "repeat", "layout", "nodes", "steps"):
+        table.add_column(col)
+    for task, plan in zip(tasks, plans):
+        table.add_row(str(task.index), task.workload, task.size, task.dtype, str(task.scale),
+                      str(task.repeat), plan.layout.describe(), str(plan.num_nodes),
+                      str(plan.steps))
+    return table
 
 
 # --- jobs -----------------------------------------------------------------------------------
