@@ -212,12 +212,14 @@ def _run_guarded(plan: Plan, exp_dir: Path, interactive: bool | None,
     # torchrun runs in its own session (so a Ctrl-C reaches only this launcher, which then
     # stops the ranks in order); a closed terminal or a kill must stop them the same way.
     try:
-        guard.arm()
+        # Started while signals are held, so no signal can land between the fork and the
+        # group's record; one that came meanwhile interrupts at arm().
         proc = subprocess.Popen(torchrun_command(plan, plan_path), env=rank_environment(plan),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", start_new_session=True,
                                 preexec_fn=_stop_with_parent(os.getpid()))
         guard.group = proc.pid
+        guard.arm()
         for raw in proc.stdout:
             stream.line(raw.rstrip("\n"))
         code = proc.wait()
