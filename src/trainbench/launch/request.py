@@ -230,23 +230,8 @@ def plan_run(req: RunRequest) -> PlannedRun:
         gpu = gpu or cluster.get("gpu_type")
         gpus_per_node = gpus_per_node or cluster.get("gpus_per_node")
 
-    notes: list[str] = []
-    load_checkpoint, loaded_step, found = req.load_checkpoint, 0, None
-    if load_checkpoint:
-        # Resolved here, before anything launches: a folder without a complete
-        # checkpoint is an error, never a silent fresh start.
-        from ..engine.checkpoint_dirs import CheckpointError, resolve
-        try:
-            found, skipped = resolve(load_checkpoint)
-        except CheckpointError as err:
-            raise RunRequestError(str(err)) from None
-        notes += [f"ignoring interrupted checkpoint save {partial}" for partial in skipped]
-        load_checkpoint, loaded_step = str(found.path.resolve()), found.step
-        if profile and not (loaded_step <= start and stop < loaded_step + steps):
-            raise RunRequestError(
-                f"--profile-steps {start}-{stop} lies outside this run's iterations "
-                f"{loaded_step}-{loaded_step + steps - 1} (it resumes at {loaded_step}); "
-                "profile steps in that range or pass more --steps")
+    found, notes = _checkpoint_to_load(req, profile, start, stop, steps)
+    load_checkpoint = str(found.path.resolve()) if found is not None else req.load_checkpoint
     try:
         ranks_to_profile = parse_ranks(req.profile_ranks, req.scale)
     except ValueError as err:
@@ -277,17 +262,44 @@ def plan_run(req: RunRequest) -> PlannedRun:
     if profile == "nsys" and req.executor == "local" and not shutil.which("nsys"):
         raise RunRequestError("--profile nsys: nsys (Nsight Systems) is not on PATH; install "
                               "it or use --profile torch")
+    root = _experiments_root(req, cluster)
+    if not req.dry_run:
+        _check_where_the_run_is_recorded(req, root)
+    return PlannedRun(plan=plan, root=root, cluster=cluster, dtype_reason=dtype_reason,
+                      notes=tuple(notes))
+
+
+def _checkpoint_to_load(req: RunRequest, profile: str, start: int, stop: int,
+                        steps: int) -> tuple[object | None, list[str]]:
+    """(the checkpoint --load-checkpoint names, resolved; notes), or (None, []) without
+    one. Resolved before anything launches: a folder without a complete checkpoint is an
+    error, never a silent fresh start."""
+    if not req.load_checkpoint:
+        return None, []
+    from ..engine.checkpoint_dirs import CheckpointError, resolve
+    try:
+        found, skipped = resolve(req.load_checkpoint)
+    except CheckpointError as err:
+        raise RunRequestError(str(err)) from None
+    loaded_step = found.step
+    if profile and not (loaded_step <= start and stop < loaded_step + steps):
+        raise RunRequestError(
+            f"--profile-steps {start}-{stop} lies outside this run's iterations "
+            f"{loaded_step}-{loaded_step + steps - 1} (it resumes at {loaded_step}); "
+            "profile steps in that range or pass more --steps")
+    return found, [f"ignoring interrupted checkpoint save {partial}" for partial in skipped]
+
+
+def _experiments_root(req: RunRequest, cluster: dict) -> Path:
+    """--root (or TRAINBENCH_ROOT), else the config's, else .: resolved, and refused in
+    one line when it cannot be used (experiment.checked_root)."""
     from .experiment import RootError, checked_root
     from .jobs import experiments_root
     try:
-        root = (experiments_root(cluster) if req.root is None
+        return (experiments_root(cluster) if req.root is None
                 else checked_root(req.root, "--root (or TRAINBENCH_ROOT)"))
     except RootError as err:
         raise RunRequestError(str(err)) from None
-    if not req.dry_run:
-        _check_where_the_run_is_recorded(req, Path(root))
-    return PlannedRun(plan=plan, root=Path(root), cluster=cluster, dtype_reason=dtype_reason,
-                      notes=tuple(notes))
 
 
 def _check_where_the_run_is_recorded(req: RunRequest, root: Path) -> None:
