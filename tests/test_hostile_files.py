@@ -234,3 +234,16 @@ def test_an_iteration_of_5000_digits_and_a_billion_step_run_end_quickly(tmp_path
         "window 220000000-880000000 misses 660000001 iteration(s): 220000000, 220000001, "
         "220000002, 220000003, 220000004 ...")
     assert "1 step line(s) with an iteration or value out of range left out" in row["notes"]
+
+
+def test_jobs_show_of_a_failed_run_whose_log_is_a_fifo_says_so(tmp_path):
+    """`jobs show` prints a failed run's last log lines: from the last 64 KiB of a regular
+    file, and for a FIFO one line saying what it is (it read the whole file before)."""
+    from trainbench.launch.jobs import JobsDB
+    exp = tmp_path / "root" / "experiments" / "x" / "x_1"
+    exp.mkdir(parents=True)
+    os.mkfifo(exp / "log-x.out")
+    JobsDB(tmp_path / "root").add("local", "1", "x", str(exp), "{}", "FAILED")
+    res = cli(tmp_path, "jobs", "show", "1", env={"TRAINBENCH_ROOT": str(tmp_path / "root")})
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert f"log-x.out: {exp}/log-x.out is a FIFO (named pipe), not a regular file" in res.stdout
