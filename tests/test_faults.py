@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers import experiment_dirs, processes_naming, read_metrics, run_cli
-from trainbench.launch.experiment import launcher_gone, process_start_ticks
+from trainbench.rundir import launcher_gone, process_start_ticks
 from trainbench.launch.jobs import JobsDB
 from trainbench.launch.local import MIN_FREE_BYTES, Progress, RankOutput, describe_failure
 

@@ -322,7 +322,7 @@ def test_two_nodes_are_probed_across_nodes(tmp_path, monkeypatch):
     import sys
 
     from trainbench.launch.local import free_port
-    from trainbench.probe.request import ProbeRequest, plan_probe
+    from trainbench.launch.probe import ProbeRequest, plan_probe
     monkeypatch.setenv("TRAINBENCH_CONFIG", str(tmp_path / "none.yaml"))
     plan = plan_probe(ProbeRequest(scale=2, gpu="cpu", nodes=2, executor="slurm",
                                    root=tmp_path, max_size="2K", environ={})).plan

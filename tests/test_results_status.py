@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from trainbench.launch.experiment import process_start_ticks
+from trainbench.rundir import process_start_ticks
 from trainbench.launch.jobs import JobsDB
 from trainbench.metrics import mfu_problem
 from trainbench.plan import build_plan
@@ -46,7 +46,7 @@ def run_dir(root: Path, steps_logged: int, steps: int = 10, step_time=0.5,
 
 
 def launcher(exp: Path, pid: int) -> None:
-    """The launcher record `trainbench run` writes (launch/experiment.py)."""
+    """The launcher record `trainbench run` writes (trainbench/rundir.py)."""
     (exp / "launcher.json").write_text(json.dumps({"pid": pid,
                                                    "start_ticks": process_start_ticks(pid)}))
 

@@ -14,6 +14,8 @@ from typing import List, Optional
 
 import typer
 
+from .console import console, fail
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -38,25 +40,6 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True, callba
                                        help="Print trainbench's version and exit.")) -> None:
     """LLM pretraining benchmarks on PyTorch distributed: the NVIDIA recipe workloads, on
     this machine or a Slurm cluster, compared with the published numbers."""
-
-
-def fail(message: str, code: int = 2) -> "typer.Exit":
-    """One clear line on stderr and a non-zero exit; never a traceback."""
-    typer.echo(f"trainbench: error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def console():
-    from rich.console import Console
-
-    class _Console(Console):
-        def on_broken_pipe(self) -> None:
-            # rich would exit 1; main() treats a closed pipe as the quiet success it is.
-            self.quiet = True
-            raise BrokenPipeError
-
-    # Piped output (CI logs, `| tee`) gets wide tables instead of rich's 80 columns.
-    return _Console() if sys.stdout.isatty() else _Console(width=200)
 
 
 WORKLOAD_OPT = typer.Option(..., "-w", "--workload", help="Workload key, e.g. pretrain_llama3.1.")
@@ -304,7 +287,7 @@ def flops(
 # Commands that live with their subsystem register themselves here, each importing
 # its heavy dependencies lazily.
 COMMAND_MODULES = ("launch.run_cli", "results.cli", "predict.cli", "launch.slurm_cli",
-                   "check.cli", "probe.cli", "results.compare_cli", "accept.cli")
+                   "check.cli", "launch.probe_cli", "results.compare_cli", "accept.cli")
 for _module in COMMAND_MODULES:
     importlib.import_module(f"trainbench.{_module}").register(app)
 
@@ -342,7 +325,7 @@ def _quiet_closed_pipe() -> None:
 
 
 def main() -> None:
-    from .launch.experiment import RootError
+    from .errors import InputError
     # A file name that is not UTF-8 (shown by a table or a message) prints as \xNN
     # escapes instead of ending the command in UnicodeEncodeError.
     for stream in (sys.stdout, sys.stderr):
@@ -364,7 +347,7 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("trainbench: interrupted", err=True)
         sys.exit(130)
-    except RootError as err:  # an experiments root no command could use (launch.experiment)
+    except InputError as err:  # bad input a library module raised: one line, exit 2
         typer.echo(f"trainbench: error: {err}", err=True)
         sys.exit(2)
     except Exception as err:  # noqa: BLE001 - re-raised unless it is a usage error

@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from ..console import fail
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -32,7 +34,6 @@ def register(app: typer.Typer) -> None:
         """Build and run every workload family's one-GPU proxy in bf16 and FP8 beside
         predict, a checkpoint save and resume, a profiled step and a probe: the first
         thing to run on a new GPU node. Exit 1 when a row failed or timed out."""
-        from ..cli import fail
         from . import AcceptError, AcceptRequest, run_acceptance
         from .report import text
         keys = tuple(k.strip() for k in (only or "").split(",") if k.strip())

@@ -10,6 +10,8 @@ from typing import List, Optional
 
 import typer
 
+from ..console import console, fail
+
 FORMATS = ("table", "json")
 GIB = 1024 ** 3
 
@@ -145,7 +147,6 @@ def _layers_text(stages: list[dict]) -> str:
 def print_table(data: dict) -> None:
     from rich.table import Table
 
-    from ..cli import console
     table = Table(title=f"{data['workload']} {data['size']} {data['dtype']} on {data['gpus']} "
                         f"x {data['gpu_type']}: {data['layout']} (built on meta, fake process "
                         "group; GiB per rank)")
@@ -248,7 +249,6 @@ def register(app) -> None:
         GPU, nothing allocated) and report what each holds, beside predict's figure."""
         import json
 
-        from ..cli import fail
         from ..config import load_config
         from ..plan import PlanError, build_plan, parse_overrides
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import flops as flops_mod
-from ..launch.experiment import METRICS_FILE, RUN_FILE, log_file_name
+from ..rundir import METRICS_FILE, RUN_FILE, log_file_name
 from ..metrics import default_window
 from ..plan import FP8_DTYPES, Plan
 from . import data

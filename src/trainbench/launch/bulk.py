@@ -334,7 +334,7 @@ def validate(tasks: list[BulkTask], cluster: dict, executor: str) -> list[Plan]:
 def root_problem(root: Path, executor: str) -> str | None:
     """Why the sweep's runs cannot be recorded under root (the checks `run` makes before
     it creates anything, made once for the sweep), or None."""
-    from .experiment import root_problem as unusable
+    from ..rundir import root_problem as unusable
     from .jobs import JobsDB, JobsDBError
     from .local import disk_space_problem
     problem = unusable(root) or disk_space_problem(root)

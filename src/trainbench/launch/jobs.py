@@ -13,7 +13,6 @@ exit.json written by its script. Which of them settled a job's state is kept in 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import subprocess
@@ -21,13 +20,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .experiment import EXIT_FILE, checked_root, default_root, launcher_gone
+from ..rundir import ACTIVE, DB_FILE, EXIT_FILE, launcher_alive
 
-DB_FILE = "jobs.sqlite"
 SLURM_QUERY_TIMEOUT_S = 30
 
 # The states trainbench reports; Slurm's many others map onto these (raw kept in slurm_state).
-ACTIVE = ("PENDING", "RUNNING")
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 UNKNOWN = "UNKNOWN"
 
@@ -69,25 +66,6 @@ CREATE TABLE IF NOT EXISTS jobs (
     state_source TEXT
 )
 """
-
-
-def experiments_root(cluster: dict | None = None) -> Path:
-    """Where experiments and jobs.sqlite live: $TRAINBENCH_ROOT, else the cluster config's
-    experiments_root, else the current directory; RootError when it cannot be used."""
-    if os.environ.get("TRAINBENCH_ROOT"):
-        return default_root()
-    configured = (cluster or {}).get("experiments_root")
-    if configured:
-        return checked_root(str(configured), "the cluster config's experiments_root")
-    return default_root()
-
-
-def root_of_experiment(exp_dir: Path, cluster: dict | None = None) -> Path:
-    """The root an experiment directory was made under (<root>/experiments/<name>/<dir>)."""
-    exp_dir = Path(exp_dir).resolve()
-    if len(exp_dir.parents) >= 3 and exp_dir.parents[1].name == "experiments":
-        return exp_dir.parents[2]
-    return experiments_root(cluster)
 
 
 # Writers (launchers of a bulk sweep, a refresh) hold the lock for milliseconds; a lock held
@@ -427,59 +405,11 @@ def parse_results(exp_dir: str | Path) -> tuple[dict | None, str | None]:
     return (data if isinstance(data, dict) else {"summary": data}), None
 
 
-def _launcher_alive(pid: str | None, exp_dir: str | Path | None = None) -> bool:
-    """Whether the local launcher that recorded a job still runs. Its launcher.json (pid
-    and start time) decides where there is one; else a trainbench process with that pid
-    (a recycled pid of another program does not count)."""
-    if exp_dir is not None:
-        gone = launcher_gone(exp_dir)
-        if gone is not None:
-            return not gone
-    try:
-        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
-            return b"trainbench" in fh.read()
-    except (OSError, TypeError, ValueError):
-        return False
-
-
-def recorded_activity(exp_dir: str | Path) -> str | None:
-    """PENDING or RUNNING when the job history of the experiment's root
-    (<root>/experiments/<name>/<dir>) says the newest job of exp_dir is still queued or
-    running, else None; a local job counts only while its launcher lives (one that died
-    left its row behind). Read-only: the history is opened read-only (never created) and
-    a lock is waited on for half a second at most."""
-    from ..files import is_regular
-    try:
-        resolved = Path(exp_dir).resolve()
-    except (OSError, RuntimeError):
-        return None
-    if len(resolved.parents) < 3 or resolved.parents[1].name != "experiments":
-        return None
-    path = resolved.parents[2] / DB_FILE
-    if not is_regular(path):
-        return None
-    try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.5)
-        try:
-            row = conn.execute("SELECT executor, job_id, state FROM jobs WHERE exp_dir IN (?, ?) "
-                               "ORDER BY id DESC LIMIT 1",
-                               (str(exp_dir), str(resolved))).fetchone()
-        finally:
-            conn.close()
-    except (sqlite3.Error, UnicodeEncodeError):
-        return None
-    if row is None or row[2] not in ACTIVE:
-        return None
-    if row[0] != "slurm" and not _launcher_alive(row[1], exp_dir):
-        return None
-    return row[2]
-
-
 def settle_local_jobs(db: JobsDB) -> None:
     """Settle local jobs whose launcher died (SIGKILL, a crashed machine) without writing
     their end: `jobs list` and `jobs show` call this, so no manual refresh is needed."""
     stale = [job["id"] for job in db.list() if job["executor"] != "slurm"
-             and job["state"] not in FINAL and not _launcher_alive(job["job_id"], job["exp_dir"])]
+             and job["state"] not in FINAL and not launcher_alive(job["job_id"], job["exp_dir"])]
     if stale:
         refresh(db, stale)
 
@@ -511,7 +441,7 @@ def refresh(db: JobsDB, ids: list[int] | None = None) -> list[dict]:
             if own is not None:
                 fields.update(state="COMPLETED" if own["exit_code"] == 0 else "FAILED",
                               exit_code=own["exit_code"], elapsed_s=own.get("elapsed_s"))
-            elif job["state"] not in FINAL and not _launcher_alive(job["job_id"], job["exp_dir"]):
+            elif job["state"] not in FINAL and not launcher_alive(job["job_id"], job["exp_dir"]):
                 fields.update(state="FAILED", note=f"launcher killed: the local launcher (pid "
                               f"{job['job_id']}) ended without an exit record")
         state = fields.get("state", job["state"])

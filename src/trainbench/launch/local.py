@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..plan import Plan
-from .experiment import EXIT_FILE, PLAN_FILE, log_file_name, write_launcher_record
+from ..rundir import EXIT_FILE, PLAN_FILE, log_file_name, write_launcher_record
 
 # The engine's step line, read one field at a time: a single pattern with `.*` between
 # the fields costs time quadratic in a long line that repeats `iteration N/M `.

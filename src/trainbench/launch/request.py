@@ -293,8 +293,7 @@ def _checkpoint_to_load(req: RunRequest, profile: str, start: int, stop: int,
 def _experiments_root(req: RunRequest, cluster: dict) -> Path:
     """--root (or TRAINBENCH_ROOT), else the config's, else .: resolved, and refused in
     one line when it cannot be used (experiment.checked_root)."""
-    from .experiment import RootError, checked_root
-    from .jobs import experiments_root
+    from ..rundir import RootError, checked_root, experiments_root
     try:
         return (experiments_root(cluster) if req.root is None
                 else checked_root(req.root, "--root (or TRAINBENCH_ROOT)"))
@@ -303,7 +302,7 @@ def _experiments_root(req: RunRequest, cluster: dict) -> Path:
 
 
 def _check_where_the_run_is_recorded(req: RunRequest, root: Path) -> None:
-    from .experiment import root_problem
+    from ..rundir import root_problem
     from .jobs import JobsDB, JobsDBError
     from .local import disk_space_problem
     # A Slurm job writes its experiment under the same root: a full disk stops it too.
@@ -334,7 +333,7 @@ class StartedRun:
 
 def create_local_experiment(planned: PlannedRun) -> StartedRun:
     """The experiment directory, its plan.json and a RUNNING job row, or none of them."""
-    from .experiment import PLAN_FILE, new_experiment_dir
+    from ..rundir import PLAN_FILE, new_experiment_dir
     from .jobs import JobsDB, JobsDBError
     root, exp_dir = planned.root, None
     try:

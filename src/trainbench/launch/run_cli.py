@@ -12,6 +12,8 @@ from typing import List, Optional
 
 import typer
 
+from ..console import console, fail
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -85,7 +87,6 @@ def _refuse(problems) -> None:
 def execute(req, preflight: bool = True) -> None:
     """Plan the request, print the plan, then dry-run, submit or run it, and print what
     came back. Every refusal is one line per problem and exit code 2."""
-    from ..cli import console, fail
     from .request import (RunRequestError, create_local_experiment, finish_local,
                           local_problem, plan_run)
     try:
@@ -129,7 +130,6 @@ def execute(req, preflight: bool = True) -> None:
 
 def submit(out, req, planned, preflight: bool = True) -> None:
     """A planned run on Slurm: the job script printed (dry run) or submitted."""
-    from ..cli import fail
     from .slurm import SlurmError, launch_on_slurm, submit_plan
     plan, opts = planned.plan, req.slurm
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..files import brief
 from ..plan import PlanError
-from .experiment import EXIT_FILE, PLAN_FILE
+from ..rundir import EXIT_FILE, PLAN_FILE
 
 SBATCH_TIMEOUT_S = 60
 
@@ -454,7 +454,8 @@ def launch_on_slurm(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict,
     returned. SlurmError for invalid input (nothing written), SubmitError when sbatch fails
     (the script stays in exp_dir; no job is recorded).
     """
-    from .jobs import JobsDB, root_of_experiment
+    from ..rundir import root_of_experiment
+    from .jobs import JobsDB
 
     exp_dir = Path(exp_dir)
     script = render_sbatch(plan, exp_dir, opts, cluster)
@@ -483,7 +484,7 @@ def submit_plan(plan, root: Path, opts: SlurmOptions, cluster: dict,
     import shutil
     from dataclasses import replace as with_fields
 
-    from .experiment import new_experiment_dir
+    from ..rundir import new_experiment_dir
 
     check_options(plan, opts, cluster)
     if warn:

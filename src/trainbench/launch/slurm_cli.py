@@ -14,6 +14,8 @@ from typing import List, Optional
 
 import typer
 
+from ..console import console, fail
+
 # Square brackets are escaped for rich, which renders the help; the last paragraph is one
 # line because rich keeps the line breaks of a docstring.
 BULK_HELP = r"""Run a sweep from a YAML file: workloads x sizes x dtypes x scales x repeats.
@@ -42,7 +44,6 @@ def _fail_problems(problems: list[str]) -> None:
 
 
 def _load_cluster(check: bool = True) -> dict:
-    from ..cli import fail
     from ..config import load_config
     try:
         return load_config(check=check)
@@ -53,9 +54,7 @@ def _load_cluster(check: bool = True) -> dict:
 def _root(root: Optional[Path], cluster: dict) -> Path:
     """The experiments root (--root, TRAINBENCH_ROOT, the config's, or .); one line and
     exit 2 when it cannot be used (experiment.checked_root)."""
-    from ..cli import fail
-    from .experiment import RootError, checked_root
-    from .jobs import experiments_root
+    from ..rundir import RootError, checked_root, experiments_root
     try:
         return checked_root(root, "--root (or TRAINBENCH_ROOT)") if root else \
             experiments_root(cluster)
@@ -69,7 +68,6 @@ def _config_from_file(path: Path) -> dict:
     """A YAML file in the cluster config's own shape, or flat (account:, partition:, ...)."""
     import yaml
 
-    from ..cli import fail
     from ..files import NotRegularFile, TooLarge, YAMLBoundError, load_yaml, read_bounded
     try:
         data = load_yaml(read_bounded(path).decode("utf-8")) or {}
@@ -169,7 +167,6 @@ def init_command(
     from .slurm import (CONFIG_KEYS, SlurmError, check_cluster_config, detect_cluster,
                         parse_env_items)
 
-    from ..cli import fail
     # Unchecked: a wrongly typed value in the current config is what init may be fixing.
     current = _load_cluster(check=False)
     given = any(v is not None for v in (account, partition, gpus_per_node, gpu_type, gres,
@@ -255,7 +252,6 @@ def bulk_command(
                                         help="Where experiments/ and the job history live "
                                              "(default: the cluster config's, else .)."),
 ):
-    from ..cli import console, fail
     from ..plan import PlanError
     from . import bulk
     from .slurm import SubmitError, render_sbatch
@@ -355,7 +351,6 @@ def _jobs_root(ctx: typer.Context, root: Optional[Path]) -> Optional[Path]:
 @contextlib.contextmanager
 def _history_errors():
     """A locked, damaged or uncreatable job history ends the command with one line."""
-    from ..cli import fail
     from .jobs import JobsDBError
     try:
         yield
@@ -364,11 +359,11 @@ def _history_errors():
 
 
 def _open_db(root: Optional[Path]):
-    from .jobs import DB_FILE, JobsDB
+    from ..rundir import DB_FILE
+    from .jobs import JobsDB
     where = _root(root, _load_cluster())
     if not (where / DB_FILE).exists():
         if where.exists() and not where.is_dir():
-            from ..cli import fail
             fail(f"--root {where} is a file; pass the experiments root directory")
         return None, where
     with _history_errors():
@@ -434,7 +429,6 @@ def register(app: typer.Typer) -> None:
         _list_jobs(_jobs_root(ctx, root))
 
     def _list_jobs(root: Optional[Path]) -> None:
-        from ..cli import console
         db, where = _open_db(root)
         if db is None:
             typer.echo(f"no jobs recorded under {where} yet")
@@ -450,8 +444,7 @@ def register(app: typer.Typer) -> None:
                   job: int = typer.Argument(..., help="The job's id in `trainbench jobs`."),
                   root: Optional[Path] = ROOT_OPT):
         """One job in full: state, plan, files, results; the log's tail if it failed."""
-        from ..cli import fail
-        from .experiment import EXIT_FILE, log_file_name
+        from ..rundir import EXIT_FILE, log_file_name
         from .slurm import sbatch_output_name, script_name
         db, where = _open_db(_jobs_root(ctx, root))
         row = None
@@ -508,7 +501,6 @@ def register(app: typer.Typer) -> None:
                      ids: List[int] = typer.Argument(None, help="Only these jobs (default: all)."),
                      root: Optional[Path] = ROOT_OPT):
         """Update states from Slurm (squeue, sacct, jobcomp or exit.json); parse results."""
-        from ..cli import console
         from .jobs import refresh
         db, where = _open_db(_jobs_root(ctx, root))
         if db is None:

@@ -11,6 +11,8 @@ from typing import List, Optional
 
 import typer
 
+from ..console import console, fail
+
 FORMATS = ("table", "json")
 LOSSES = ("unfused", "te")
 
@@ -67,7 +69,6 @@ def register(app) -> None:
                  "GB200 / GB300 set it). Memory only: the transfers are not charged."),
     ):
         """Predict step time, tokens/s, MFU and memory per GPU before launching."""
-        from ..cli import fail
         from ..config import load_config
         from .context import SHARDINGS, MegatronRun
 
@@ -138,7 +139,6 @@ def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt
              facts, megatron) -> None:
     import json
 
-    from ..cli import fail
     from ..plan import PlanError, build_plan
     from .hardware_profile import predict_with_profile
     from .report import prediction_dict
@@ -192,7 +192,6 @@ def _print_prediction(plan, data: dict, pred) -> None:
     from rich.table import Table
 
     from ..catalog import hardware
-    from ..cli import console
     from .memory import verdict
     from .report import part_label
     out = console()
@@ -258,7 +257,6 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
     from rich.table import Table
 
     from ..catalog.models import get_model
-    from ..cli import console, fail
     from .report import search_dict
     from .search import search
     try:
@@ -315,7 +313,6 @@ def _calibrate(directory: Path, config: dict, fmt: str, sharding: str) -> None:
     from rich.table import Table
 
     from ..catalog import hardware
-    from ..cli import console, fail
     from ..config import save_config
     from .calibrate import CalibrationError, find_runs, fit, store
     from .report import calibration_dict

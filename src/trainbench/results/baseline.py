@@ -26,10 +26,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..launch.experiment import RUN_FILE
+from ..errors import InputError
+from ..rundir import RUN_FILE
 from .repeats import RepeatGroup, key_id, plan_label, reference_for
 from .status import FAILED, INCOMPLETE, INVALID
 
@@ -298,8 +300,7 @@ def gate_summary(lines: list[GateLine], what: str) -> str:
 # --- the command's side: inputs, the verdicts, the output ------------------------------------
 
 def _fail(message: str):
-    from ..cli import fail
-    fail(message)
+    raise InputError(message)
 
 
 def check_inputs(baseline: list[Path] | None, save_path: Path | None, tolerance_pct: float,
@@ -445,14 +446,12 @@ class Gate:
                 by_path[id(r)] = cols
         return [by_path[id(r)] for r in results]
 
-    def finish(self, fmt: str) -> None:
-        """After the output: the saved-file line where stdout holds data, and exit 1 when
-        a check failed."""
-        import typer
+    def finish(self, fmt: str) -> int:
+        """After the output: the saved-file line where stdout holds data; the command's
+        exit code, 1 when a check failed."""
         if self.saved and fmt != "table":
-            typer.echo(self._saved_line(), err=True)
-        if self.failed:
-            raise typer.Exit(1)
+            print(self._saved_line(), file=sys.stderr)
+        return 1 if self.failed else 0
 
 
 def run_gate(results, baseline: dict[str, dict] | None, reference: bool,

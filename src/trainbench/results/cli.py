@@ -8,6 +8,9 @@ from typing import Optional
 
 import typer
 
+from ..console import console, fail
+from ..errors import InputError
+
 _PATHS_HELP = ("Experiment directories, trees of them, or log files "
                "(default: <root>/experiments, where `trainbench run` writes).")
 # Where `run` writes (the same resolution as run's --root), read when no path is given.
@@ -29,10 +32,9 @@ _GPU_OPT = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' i
 def _default_paths(root: Path | None) -> list[Path]:
     """<root>/experiments: what `trainbench run` wrote, never every log under the current
     directory (in a source tree that would list its test fixtures)."""
-    from ..cli import fail
     from ..config import load_config
-    from ..launch.experiment import checked_root
-    from ..launch.jobs import experiments_root
+    from ..rundir import checked_root
+    from ..rundir import experiments_root
     try:  # the config's errors and RootError (experiment.checked_root) are ValueErrors
         root = (experiments_root(load_config()) if root is None
                 else checked_root(root, "--root (or TRAINBENCH_ROOT)"))
@@ -49,7 +51,6 @@ def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, roo
                tolerance_pct=None):
     """Results of every experiment under paths, or a clean exit 2 saying what is wrong."""
     from .. import metrics
-    from ..cli import fail
     from .summary import check_options, summarize_paths
     try:
         check_options(convention, workload, size, dtype, scale, gpu)
@@ -86,7 +87,6 @@ def _write_new_file(path: Path, text: str) -> None:
     """Write a file that must not exist yet, through a temporary name (never half-written)."""
     import os
     import tempfile
-    from ..cli import fail
     _check_new_file(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -106,8 +106,7 @@ def _write_new_file(path: Path, text: str) -> None:
 
 def _check_new_file(path: Path) -> None:
     """-o names a new file in a writable directory; checked before any log is read."""
-    from ..cli import fail
-    from ..launch.experiment import creatable_problem
+    from ..rundir import creatable_problem
     if path.exists():
         fail(f"{path} already exists; results never overwrite a file, choose another -o")
     if not path.parent.is_dir():
@@ -117,6 +116,12 @@ def _check_new_file(path: Path) -> None:
     if problem:
         fail(f"-o {path}: {problem}")
 
+
+
+def _exit_for(code: int) -> None:
+    """A failed baseline or reference check ends the command with its exit code."""
+    if code:
+        raise typer.Exit(code)
 
 def register(app) -> None:
     """Add `results` and `plot` to the trainbench Typer app."""
@@ -158,7 +163,6 @@ def register(app) -> None:
         Every experiment under the given paths: trainbench runs and logs of NeMo 1/2,
         Megatron-LM/Bridge, Megatron-DeepSpeed, MaxText and torchtitan, one row each, with
         a summary line; a log in another format is listed as Unrecognised."""
-        from ..cli import console, fail
         from . import report
         if fmt not in report.FORMATS:
             fail(f"unknown --format {fmt!r}; use one of {', '.join(report.FORMATS)}")
@@ -170,12 +174,15 @@ def register(app) -> None:
         if output is not None:
             _check_new_file(output)
         from .baseline import check_inputs, run_gate
-        base = check_inputs(baseline, save_baseline, tolerance, window, convention, workload,
-                            size, dtype, scale, gpu)
-        results, unread = _summarize(paths, window, convention, workload, size, dtype, scale,
-                                     gpu, root, tolerance)
-        results = report.sort_results(results, sort)
-        gate = run_gate(results, base, reference, save_baseline, tolerance)
+        try:
+            base = check_inputs(baseline, save_baseline, tolerance, window, convention,
+                                workload, size, dtype, scale, gpu)
+            results, unread = _summarize(paths, window, convention, workload, size, dtype,
+                                         scale, gpu, root, tolerance)
+            results = report.sort_results(results, sort)
+            gate = run_gate(results, base, reference, save_baseline, tolerance)
+        except InputError as err:
+            fail(str(err))
         if fmt == "csv":
             text = report.to_csv(results, gate.csv_columns(results))
         elif fmt == "json":
@@ -193,7 +200,7 @@ def register(app) -> None:
             report.print_table(results, console(), convention)
             for line in gate.lines():
                 typer.echo(line)
-            gate.finish(fmt)
+            _exit_for(gate.finish(fmt))
             return
         if output is not None:
             _write_new_file(output, text)
@@ -201,7 +208,7 @@ def register(app) -> None:
                        + report.summary_line(results))
         else:
             typer.echo(text, nl=False)
-        gate.finish(fmt)
+        _exit_for(gate.finish(fmt))
 
     @app.command("plot")
     def plot_command(
@@ -223,11 +230,10 @@ def register(app) -> None:
         scaling.png: tokens/s and MFU against GPU count with the reference curve (weak
         scaling); step_time_<run>.png: step time per iteration, warm-up and window shaded;
         loss.png: loss curves."""
-        from ..cli import fail
         from .plot import write_plots
         if out_dir.exists() and not out_dir.is_dir():
             fail(f"{out_dir} is a file; -o takes a directory")
-        from ..launch.experiment import creatable_problem
+        from ..rundir import creatable_problem
         problem = creatable_problem(out_dir)
         if problem:
             fail(f"-o {out_dir}: {problem}")

@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..launch.experiment import PLAN_FILE, RUN_FILE
+from ..rundir import PLAN_FILE, RUN_FILE
 from .parse import formats_read
 from .stats import NoiseTest, welch_test
 from .status import SUCCESS, UNRECOGNISED

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from ..console import console, fail
+
 _USAGE = ("compare needs two sides: `trainbench compare A B` (two experiment directories or "
           "logs), or sets of repeats with `--a A1 --a A2 --b B1 --b B2`")
 
@@ -39,7 +41,6 @@ def register(app) -> None:
         (Welch's t-test); with sets of repeats, from the runs' own figures. Always exits 0
         on valid input: the comparison informs, it does not gate."""
         from .. import metrics
-        from ..cli import console, fail
         from .compare import compare, load_side, print_comparison, to_json
         if fmt not in ("table", "json"):
             fail(f"unknown --format {fmt!r}; use table or json")

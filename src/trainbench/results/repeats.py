@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..catalog import references
-from ..launch.experiment import PLAN_FILE
+from ..rundir import PLAN_FILE
 from .stats import Interval, interval
 from .status import SUCCESS
 from .summary import DEFAULT_TOLERANCE_PCT, ExperimentResult, speed_verdict

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..catalog import models
 from ..files import MAX_RECORD_BYTES, describe_read_error, file_kind, is_regular, read_bounded
-from ..launch.experiment import EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE, launcher_gone
+from ..rundir import EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE, launcher_gone
 
 LOG_SUFFIXES = (".out", ".log")
 
@@ -179,7 +179,7 @@ def still_running(directory: Path) -> str | None:
     if gone is False:
         return "its launcher is still running"
     if gone is None:
-        from ..launch.jobs import recorded_activity
+        from ..rundir import recorded_activity
         state = recorded_activity(directory)
         if state is not None:
             return f"the job history says {state}"

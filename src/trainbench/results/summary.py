@@ -17,7 +17,7 @@ from .. import flops as fl
 from .. import metrics
 from ..catalog import hardware, models, recipes, references
 from ..files import describe_read_error, is_regular
-from ..launch.experiment import METRICS_FILE, launcher_gone
+from ..rundir import METRICS_FILE, launcher_gone
 from .failure import find_failure
 from .infer import Identity, infer_identity
 from .metrics_jsonl import read_metrics_jsonl

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from .. import flops as fl
 from .. import metrics
 from ..catalog import hardware
-from ..launch.experiment import PLAN_FILE, RUN_FILE
+from ..rundir import PLAN_FILE, RUN_FILE
 from .parse import LogScan
 from .status import FAILED, INVALID
 

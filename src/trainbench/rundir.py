@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
+
+from .errors import InputError
 
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
@@ -19,7 +22,7 @@ RUN_FILE = "run.json"
 EXIT_FILE = "exit.json"
 
 
-class RootError(ValueError):
+class RootError(InputError):
     """An experiments root that cannot be used as given: one line naming it and the fix."""
 
 
@@ -55,6 +58,25 @@ def default_root() -> Path:
     if os.environ.get("TRAINBENCH_ROOT"):
         return checked_root(os.environ["TRAINBENCH_ROOT"], "TRAINBENCH_ROOT")
     return checked_root(".", "the current directory")
+
+
+def experiments_root(cluster: dict | None = None) -> Path:
+    """Where experiments and jobs.sqlite live: $TRAINBENCH_ROOT, else the cluster config's
+    experiments_root, else the current directory; RootError when it cannot be used."""
+    if os.environ.get("TRAINBENCH_ROOT"):
+        return default_root()
+    configured = (cluster or {}).get("experiments_root")
+    if configured:
+        return checked_root(str(configured), "the cluster config's experiments_root")
+    return default_root()
+
+
+def root_of_experiment(exp_dir: Path, cluster: dict | None = None) -> Path:
+    """The root an experiment directory was made under (<root>/experiments/<name>/<dir>)."""
+    exp_dir = Path(exp_dir).resolve()
+    if len(exp_dir.parents) >= 3 and exp_dir.parents[1].name == "experiments":
+        return exp_dir.parents[2]
+    return experiments_root(cluster)
 
 
 def log_file_name(name: str) -> str:
@@ -157,3 +179,58 @@ def launcher_gone(exp_dir: str | Path) -> bool | None:
     if ticks is None:
         return True
     return record.get("start_ticks") is not None and ticks != record["start_ticks"]
+
+
+# --- the job history of a root (<root>/jobs.sqlite), as far as a run directory needs it ---------
+
+DB_FILE = "jobs.sqlite"
+# The job states of a run that has not ended (launch/jobs.py maps Slurm's states onto these).
+ACTIVE = ("PENDING", "RUNNING")
+
+
+def launcher_alive(pid: str | None, exp_dir: str | Path | None = None) -> bool:
+    """Whether the local launcher that recorded a job still runs. Its launcher.json (pid
+    and start time) decides where there is one; else a trainbench process with that pid
+    (a recycled pid of another program does not count)."""
+    if exp_dir is not None:
+        gone = launcher_gone(exp_dir)
+        if gone is not None:
+            return not gone
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as fh:
+            return b"trainbench" in fh.read()
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def recorded_activity(exp_dir: str | Path) -> str | None:
+    """PENDING or RUNNING when the job history of the experiment's root
+    (<root>/experiments/<name>/<dir>) says the newest job of exp_dir is still queued or
+    running, else None; a local job counts only while its launcher lives (one that died
+    left its row behind). Read-only: the history is opened read-only (never created) and
+    a lock is waited on for half a second at most."""
+    from .files import is_regular
+    try:
+        resolved = Path(exp_dir).resolve()
+    except (OSError, RuntimeError):
+        return None
+    if len(resolved.parents) < 3 or resolved.parents[1].name != "experiments":
+        return None
+    path = resolved.parents[2] / DB_FILE
+    if not is_regular(path):
+        return None
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=0.5)
+        try:
+            row = conn.execute("SELECT executor, job_id, state FROM jobs WHERE exp_dir IN (?, ?) "
+                               "ORDER BY id DESC LIMIT 1",
+                               (str(exp_dir), str(resolved))).fetchone()
+        finally:
+            conn.close()
+    except (sqlite3.Error, UnicodeEncodeError):
+        return None
+    if row is None or row[2] not in ACTIVE:
+        return None
+    if row[0] != "slurm" and not launcher_alive(row[1], exp_dir):
+        return None
+    return row[2]

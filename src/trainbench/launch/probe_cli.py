@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from ..console import console, fail
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -45,13 +47,12 @@ def register(app: typer.Typer) -> None:
                                              help="Extra sbatch argument (repeatable)."),
     ):
         """Measure GEMMs, memory bandwidth and collectives on every rank; name slow ones."""
-        from ..launch.slurm import SlurmOptions
-        from .request import ProbeRequest
+        from .slurm import SlurmOptions
+        from .probe import ProbeRequest
         if report is not None:
             show(report)
             return
         if scale is None:
-            from ..cli import fail
             fail("--scale is required: the number of ranks to probe (e.g. --scale 8), or "
                  "--report DIR to show an earlier probe")
         execute(ProbeRequest(
@@ -64,9 +65,8 @@ def register(app: typer.Typer) -> None:
 
 
 def show(path: Path) -> None:
-    from ..cli import console, fail
-    from .profile import PLOT_FILE, ProbeError, load_profile
-    from .report import plot_profile, print_profile
+    from ..probe.profile import PLOT_FILE, ProbeError, load_profile
+    from ..probe.report import plot_profile, print_profile
     try:
         profile = load_profile(path)
     except ProbeError as err:
@@ -81,11 +81,10 @@ def show(path: Path) -> None:
 
 
 def execute(req) -> None:
-    from ..cli import console, fail
-    from ..launch.slurm import SlurmError, SubmitError
-    from .profile import PLOT_FILE, PROFILE_FILE, ProbeError, fmt_bytes, load_profile
-    from .report import print_profile
-    from .request import (create_probe_dir, plan_probe, render_slurm, run_local,
+    from .slurm import SlurmError, SubmitError
+    from ..probe.profile import PLOT_FILE, PROFILE_FILE, ProbeError, fmt_bytes, load_profile
+    from ..probe.report import print_profile
+    from .probe import (create_probe_dir, plan_probe, render_slurm, run_local,
                           submit_slurm, torchrun_command)
     try:
         planned = plan_probe(req)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ..launch.experiment import new_stamped_dir
-from ..launch.slurm import SlurmOptions
-from . import profile as P
+from ..probe import profile as P
+from ..rundir import new_stamped_dir
+from .slurm import SlurmOptions
 
 LOG_FILE = "probe.log"
 # A copy much larger than any CPU's last-level cache, so that it measures memory.
@@ -94,7 +94,7 @@ def _gpu_type(req: ProbeRequest, cluster: dict) -> str:
             raise P.ProbeError(f"unknown GPU type {gpu!r}; use one of "
                                f"{', '.join(hardware.GPUS)} or cpu")
         return gpu
-    from ..launch.request import detect_gpu_type
+    from .request import detect_gpu_type
     gpu_type, device_name = detect_gpu_type()
     # The probe needs no catalog figure: an unknown GPU is measured under its own name.
     return gpu_type or "".join(c if c.isalnum() else "-" for c in device_name.lower()).strip("-")
@@ -169,12 +169,12 @@ def plan_probe(req: ProbeRequest) -> PlannedProbe:
             "sustain_seconds": CPU_SUSTAIN_SECONDS if device == "cpu" else GPU_SUSTAIN_SECONDS}
     root = req.root
     if root is None:
-        from ..launch.jobs import experiments_root
+        from ..rundir import experiments_root
         root = experiments_root(cluster)
     root = Path(root)
     if not req.dry_run:
-        from ..launch.experiment import creatable_problem
-        from ..launch.local import disk_space_problem
+        from ..rundir import creatable_problem
+        from .local import disk_space_problem
         problem = creatable_problem(root / "probes")
         if problem:
             raise P.ProbeError(f"probe root {root}: {problem}; pass --root (or "
@@ -191,7 +191,7 @@ def plan_probe(req: ProbeRequest) -> PlannedProbe:
 
 def _local_problem(plan: dict) -> str | None:
     if plan["device"] == "cpu":
-        from ..launch.request import available_memory_bytes
+        from .request import available_memory_bytes
         available = available_memory_bytes()
         # Per rank: the copy's two buffers and, at the largest size, a collective's
         # buffer, its output and a piece.
@@ -201,7 +201,7 @@ def _local_problem(plan: dict) -> str | None:
                     f"memory but {available / P.GIB:.1f} GiB are available; use a smaller "
                     "--scale or --max-size")
         return None
-    from ..launch.request import gpu_names
+    from .request import gpu_names
     have = len(gpu_names())
     if have == 0:
         return (f"a {plan['gpu_type']} probe needs NVIDIA GPUs but this machine has none; use "
@@ -244,7 +244,7 @@ def _remove(out_dir: Path) -> None:
 
 
 def torchrun_command(plan: dict, plan_path: Path) -> list[str]:
-    from ..launch.local import free_port
+    from .local import free_port
     return [sys.executable, "-m", "torch.distributed.run",
             f"--nproc-per-node={plan['scale']}", "--nnodes=1", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--max-restarts=0",
@@ -254,7 +254,7 @@ def torchrun_command(plan: dict, plan_path: Path) -> list[str]:
 def run_local(plan: dict, out_dir: Path, echo=print) -> tuple[int, str]:
     """torchrun with one worker per rank; every line goes to probe.log, rank 0's progress
     lines (`probe: ...`) also to `echo`. Returns (exit code, reason) and writes exit.json."""
-    from ..launch import local
+    from . import local
     env = dict(os.environ)
     if plan["device"] == "cpu":
         # The ranks share this machine's cores: each gets its share, as in a CPU run.
@@ -306,14 +306,14 @@ def run_local(plan: dict, out_dir: Path, echo=print) -> tuple[int, str]:
 
 
 def render_slurm(planned: PlannedProbe, out_dir: Path, opts: SlurmOptions) -> str:
-    from ..launch.slurm import render_sbatch
+    from .slurm import render_sbatch
     return render_sbatch(planned.job, out_dir, opts, planned.cluster)
 
 
 def submit_slurm(planned: PlannedProbe, opts: SlurmOptions) -> tuple[Path, str]:
     """Validate, create the probe directory with its plan and script, sbatch it; a refused
     submission removes the directory again. (probe directory, Slurm job id)."""
-    from ..launch.slurm import (SlurmError, SubmitError, check_options, script_name, submit,
+    from .slurm import (SlurmError, SubmitError, check_options, script_name, submit,
                                 warn_missing_settings)
     check_options(planned.job, opts, planned.cluster)
     warn_missing_settings(planned.job, opts, planned.cluster)
