@@ -214,84 +214,85 @@ def print_table(data: dict) -> None:
               "rank (--sharding engine).", highlight=False)
 
 
+def check(
+    workload: str = typer.Option(..., "-w", "--workload",
+                                 help="Workload key, e.g. pretrain_llama3.1."),
+    size: str = typer.Option(..., "-s", "--size", envvar="MODEL_SIZE",
+                             help="Model size, e.g. 405b."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
+                                        help="bf16, fp8 or fp32; default as `predict`."),
+    scale: int = typer.Option(..., "--scale", envvar="JOB_TOTAL_GPUS",
+                              help="Number of ranks of the plan (GPUs)."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU type the plan is for (default h100)."),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", help="Override plan fields, e.g. --set 'tp=4 pp=2'."),
+    ranks_text: Optional[str] = typer.Option(
+        None, "--ranks", help="Ranks to build: 0,7,64-71 or all; default the first and "
+                              "last rank of every pipeline stage."),
+    fmt: str = typer.Option("table", "--format", help="table or json."),
+    trace: bool = typer.Option(
+        True, "--trace/--no-trace",
+        help="Trace the training step of one rank of each pipeline stage under "
+             "FakeTensorMode with FSDPMemTracker (forward and backward of the "
+             "microbatches a pipeline rank's schedule runs; the first two without a "
+             "pipeline) and report its peak beside predict's; --no-trace only builds "
+             "(seconds instead of minutes)."),
+    jobs: Optional[int] = typer.Option(
+        None, "--jobs", help="Traces run at once, each in its own process; default the "
+                             "number of CPU cores."),
+):
+    """Build chosen ranks of a plan at its real size under a fake process group (no
+    GPU, nothing allocated) and report what each holds, beside predict's figure."""
+    import json
+
+    from ..config import load_config
+    from ..plan import PlanError, build_plan, parse_overrides
+
+    if fmt not in FORMATS:
+        fail(f"unknown --format {fmt!r}; use table or json")
+    if scale < 1:
+        fail("--scale must be at least 1")
+    if jobs is not None and jobs < 1:
+        fail("--jobs must be at least 1")
+    if gpu.lower() == "cpu":
+        fail("check builds a GPU plan's ranks without GPUs; give --gpu h100 (or another "
+             "GPU type), not cpu")
+    try:
+        config = load_config()
+    except ValueError as err:
+        fail(str(err))
+    if dtype is None:
+        from ..default_dtype import default_dtype_for
+        dtype, _ = default_dtype_for(workload, size, gpu)
+    try:
+        overrides = parse_overrides(sets or [])
+        plan = build_plan(workload, size, dtype, scale, gpu, overrides=overrides)
+    except PlanError as err:
+        fail("; ".join(err.problems))
+    try:
+        ranks = (parse_ranks(ranks_text, plan.gpus) if ranks_text is not None
+                 else default_ranks(plan))
+    except ValueError as err:
+        fail(str(err))
+
+    def progress(info: dict) -> None:
+        if fmt == "table":
+            what = info.get("what", "built")
+            state = ((f"not {what}: " if what == "traced" else "failed: ") + info["error"]
+                     if info.get("error") else what)
+            typer.echo(f"rank {info['rank']}: {state} ({info['build_s']:.1f} s)", err=True)
+
+    from .tracing import default_jobs
+    data = check_plan(plan, ranks, config=config, progress=progress, trace=trace,
+                      jobs=jobs or default_jobs())
+    if fmt == "json":
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print_table(data)
+    if any(r.get("error") for r in data["ranks"]):
+        raise typer.Exit(1)
+
+
 def register(app) -> None:
     """Add `trainbench check` to the Typer app."""
-
-    @app.command("check")
-    def check(
-        workload: str = typer.Option(..., "-w", "--workload",
-                                     help="Workload key, e.g. pretrain_llama3.1."),
-        size: str = typer.Option(..., "-s", "--size", envvar="MODEL_SIZE",
-                                 help="Model size, e.g. 405b."),
-        dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
-                                            help="bf16, fp8 or fp32; default as `predict`."),
-        scale: int = typer.Option(..., "--scale", envvar="JOB_TOTAL_GPUS",
-                                  help="Number of ranks of the plan (GPUs)."),
-        gpu: str = typer.Option("h100", "--gpu", help="GPU type the plan is for (default h100)."),
-        sets: Optional[List[str]] = typer.Option(
-            None, "--set", help="Override plan fields, e.g. --set 'tp=4 pp=2'."),
-        ranks_text: Optional[str] = typer.Option(
-            None, "--ranks", help="Ranks to build: 0,7,64-71 or all; default the first and "
-                                  "last rank of every pipeline stage."),
-        fmt: str = typer.Option("table", "--format", help="table or json."),
-        trace: bool = typer.Option(
-            True, "--trace/--no-trace",
-            help="Trace the training step of one rank of each pipeline stage under "
-                 "FakeTensorMode with FSDPMemTracker (forward and backward of the "
-                 "microbatches a pipeline rank's schedule runs; the first two without a "
-                 "pipeline) and report its peak beside predict's; --no-trace only builds "
-                 "(seconds instead of minutes)."),
-        jobs: Optional[int] = typer.Option(
-            None, "--jobs", help="Traces run at once, each in its own process; default the "
-                                 "number of CPU cores."),
-    ):
-        """Build chosen ranks of a plan at its real size under a fake process group (no
-        GPU, nothing allocated) and report what each holds, beside predict's figure."""
-        import json
-
-        from ..config import load_config
-        from ..plan import PlanError, build_plan, parse_overrides
-
-        if fmt not in FORMATS:
-            fail(f"unknown --format {fmt!r}; use table or json")
-        if scale < 1:
-            fail("--scale must be at least 1")
-        if jobs is not None and jobs < 1:
-            fail("--jobs must be at least 1")
-        if gpu.lower() == "cpu":
-            fail("check builds a GPU plan's ranks without GPUs; give --gpu h100 (or another "
-                 "GPU type), not cpu")
-        try:
-            config = load_config()
-        except ValueError as err:
-            fail(str(err))
-        if dtype is None:
-            from ..default_dtype import default_dtype_for
-            dtype, _ = default_dtype_for(workload, size, gpu)
-        try:
-            overrides = parse_overrides(sets or [])
-            plan = build_plan(workload, size, dtype, scale, gpu, overrides=overrides)
-        except PlanError as err:
-            fail("; ".join(err.problems))
-        try:
-            ranks = (parse_ranks(ranks_text, plan.gpus) if ranks_text is not None
-                     else default_ranks(plan))
-        except ValueError as err:
-            fail(str(err))
-
-        def progress(info: dict) -> None:
-            if fmt == "table":
-                what = info.get("what", "built")
-                state = ((f"not {what}: " if what == "traced" else "failed: ") + info["error"]
-                         if info.get("error") else what)
-                typer.echo(f"rank {info['rank']}: {state} ({info['build_s']:.1f} s)", err=True)
-
-        from .tracing import default_jobs
-        data = check_plan(plan, ranks, config=config, progress=progress, trace=trace,
-                          jobs=jobs or default_jobs())
-        if fmt == "json":
-            typer.echo(json.dumps(data, indent=2, sort_keys=True))
-        else:
-            print_table(data)
-        if any(r.get("error") for r in data["ranks"]):
-            raise typer.Exit(1)
+    app.command("check")(check)

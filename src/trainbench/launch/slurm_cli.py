@@ -63,7 +63,6 @@ def _root(root: Optional[Path], cluster: dict) -> Path:
 
 
 # --- init -----------------------------------------------------------------------------------
-
 def _config_from_file(path: Path) -> dict:
     """A YAML file in the cluster config's own shape, or flat (account:, partition:, ...)."""
     import yaml
@@ -242,7 +241,6 @@ def init_command(
 
 
 # --- bulk -----------------------------------------------------------------------------------
-
 def bulk_command(
     file: Path = typer.Argument(..., help="The sweep, a YAML file."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Plan and list every run; launch none."),
@@ -408,6 +406,102 @@ def _jobs_table(jobs: list[dict], root: Path):
     return table
 
 
+def _list_jobs(root: Optional[Path]) -> None:
+    db, where = _open_db(root)
+    if db is None:
+        typer.echo(f"no jobs recorded under {where} yet")
+        return
+    from .jobs import settle_local_jobs
+    with _history_errors():
+        settle_local_jobs(db)
+        jobs = db.list()
+    console().print(_jobs_table(jobs, where))
+
+
+def jobs_default(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
+    """Job history: every run, its state, exit code and results (default: list)."""
+    if ctx.invoked_subcommand is None:
+        _list_jobs(root)
+
+
+def jobs_list(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
+    """Every recorded job, oldest first."""
+    _list_jobs(_jobs_root(ctx, root))
+
+
+def jobs_show(ctx: typer.Context,
+              job: int = typer.Argument(..., help="The job's id in `trainbench jobs`."),
+              root: Optional[Path] = ROOT_OPT):
+    """One job in full: state, plan, files, results; the log's tail if it failed."""
+    from ..rundir import EXIT_FILE, log_file_name
+    from .slurm import sbatch_output_name, script_name
+    db, where = _open_db(_jobs_root(ctx, root))
+    row = None
+    if db is not None:
+        from .jobs import settle_local_jobs
+        with _history_errors():
+            settle_local_jobs(db)
+            row = db.get(job)
+    if row is None:
+        fail(f"no job {job} under {where}; `trainbench jobs list` shows the ids")
+    for key in ("id", "executor", "job_id", "name", "state", "slurm_state", "state_source",
+                "exit_code"):
+        typer.echo(f"{key:>12}: {'' if row[key] is None else row[key]}")
+    typer.echo(f"{'elapsed':>12}: {_elapsed(row['elapsed_s'])}")
+    for key in ("submitted", "updated"):
+        typer.echo(f"{key:>12}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row[key]))}")
+    if row["note"]:
+        typer.echo(f"{'note':>12}: {row['note']}")
+    try:
+        plan = json.loads(row["plan_json"])
+        lay = plan["layout"]
+        typer.echo(f"{'plan':>12}: {plan['workload']} {plan['size']} {plan['dtype']} on "
+                   f"{plan['gpus']} {plan['gpu_type']} rank(s), TP{lay['tp']} PP{lay['pp']} "
+                   f"CP{lay['cp']} DP{lay['dp']}, MBS {plan['mbs']} GBS {plan['gbs']}, "
+                   f"{plan['steps']} steps")
+    except (ValueError, KeyError, TypeError):
+        typer.echo(f"{'plan':>12}: (unreadable)")
+    exp = Path(row["exp_dir"])
+    typer.echo(f"{'directory':>12}: {exp}")
+    log = exp / log_file_name(row["name"])
+    files = [log, exp / EXIT_FILE]
+    if row["executor"] == "slurm":
+        files += [exp / script_name(row["name"]), exp / sbatch_output_name(row["name"])]
+    for f in files:
+        typer.echo(f"{'':>12}  {f.name}{'' if f.exists() else ' (missing)'}")
+    if row["results_json"]:
+        typer.echo("results:")
+        typer.echo(json.dumps(json.loads(row["results_json"]), indent=2, sort_keys=True))
+    if row["state"] in ("FAILED", "CANCELLED", "TIMEOUT"):
+        from ..files import describe_read_error, tail_lines
+        for f in (log, exp / sbatch_output_name(row["name"])):
+            if f.exists():
+                try:  # a regular file's last bytes only: a FIFO or a huge log never hangs
+                    tail = tail_lines(f, 10)
+                except OSError as err:
+                    typer.echo(f"{f.name}: {describe_read_error(err)}")
+                    continue
+                typer.echo(f"last lines of {f.name}:")
+                for line in tail:
+                    typer.echo(f"  {line[:2000]}")
+
+
+def jobs_refresh(ctx: typer.Context,
+                 ids: List[int] = typer.Argument(None, help="Only these jobs (default: all)."),
+                 root: Optional[Path] = ROOT_OPT):
+    """Update states from Slurm (squeue, sacct, jobcomp or exit.json); parse results."""
+    from .jobs import refresh
+    db, where = _open_db(_jobs_root(ctx, root))
+    if db is None:
+        typer.echo(f"no jobs recorded under {where} yet")
+        return
+    with _history_errors():
+        # The refreshed rows as refresh saw them: on a full disk they may not be saved.
+        fresh = {j["id"]: j for j in refresh(db, ids or None)}
+        jobs = [fresh.get(j["id"], j) for j in db.list() if not ids or j["id"] in ids]
+    console().print(_jobs_table(jobs, where))
+
+
 def register(app: typer.Typer) -> None:
     """Add init, bulk and jobs to the trainbench app."""
     app.command("init")(init_command)
@@ -417,97 +511,7 @@ def register(app: typer.Typer) -> None:
                            invoke_without_command=True)
     app.add_typer(jobs_app, name="jobs")
 
-    @jobs_app.callback()
-    def jobs_default(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
-        """Job history: every run, its state, exit code and results (default: list)."""
-        if ctx.invoked_subcommand is None:
-            _list_jobs(root)
-
-    @jobs_app.command("list")
-    def jobs_list(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
-        """Every recorded job, oldest first."""
-        _list_jobs(_jobs_root(ctx, root))
-
-    def _list_jobs(root: Optional[Path]) -> None:
-        db, where = _open_db(root)
-        if db is None:
-            typer.echo(f"no jobs recorded under {where} yet")
-            return
-        from .jobs import settle_local_jobs
-        with _history_errors():
-            settle_local_jobs(db)
-            jobs = db.list()
-        console().print(_jobs_table(jobs, where))
-
-    @jobs_app.command("show")
-    def jobs_show(ctx: typer.Context,
-                  job: int = typer.Argument(..., help="The job's id in `trainbench jobs`."),
-                  root: Optional[Path] = ROOT_OPT):
-        """One job in full: state, plan, files, results; the log's tail if it failed."""
-        from ..rundir import EXIT_FILE, log_file_name
-        from .slurm import sbatch_output_name, script_name
-        db, where = _open_db(_jobs_root(ctx, root))
-        row = None
-        if db is not None:
-            from .jobs import settle_local_jobs
-            with _history_errors():
-                settle_local_jobs(db)
-                row = db.get(job)
-        if row is None:
-            fail(f"no job {job} under {where}; `trainbench jobs list` shows the ids")
-        for key in ("id", "executor", "job_id", "name", "state", "slurm_state", "state_source",
-                    "exit_code"):
-            typer.echo(f"{key:>12}: {'' if row[key] is None else row[key]}")
-        typer.echo(f"{'elapsed':>12}: {_elapsed(row['elapsed_s'])}")
-        for key in ("submitted", "updated"):
-            typer.echo(f"{key:>12}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(row[key]))}")
-        if row["note"]:
-            typer.echo(f"{'note':>12}: {row['note']}")
-        try:
-            plan = json.loads(row["plan_json"])
-            lay = plan["layout"]
-            typer.echo(f"{'plan':>12}: {plan['workload']} {plan['size']} {plan['dtype']} on "
-                       f"{plan['gpus']} {plan['gpu_type']} rank(s), TP{lay['tp']} PP{lay['pp']} "
-                       f"CP{lay['cp']} DP{lay['dp']}, MBS {plan['mbs']} GBS {plan['gbs']}, "
-                       f"{plan['steps']} steps")
-        except (ValueError, KeyError, TypeError):
-            typer.echo(f"{'plan':>12}: (unreadable)")
-        exp = Path(row["exp_dir"])
-        typer.echo(f"{'directory':>12}: {exp}")
-        log = exp / log_file_name(row["name"])
-        files = [log, exp / EXIT_FILE]
-        if row["executor"] == "slurm":
-            files += [exp / script_name(row["name"]), exp / sbatch_output_name(row["name"])]
-        for f in files:
-            typer.echo(f"{'':>12}  {f.name}{'' if f.exists() else ' (missing)'}")
-        if row["results_json"]:
-            typer.echo("results:")
-            typer.echo(json.dumps(json.loads(row["results_json"]), indent=2, sort_keys=True))
-        if row["state"] in ("FAILED", "CANCELLED", "TIMEOUT"):
-            from ..files import describe_read_error, tail_lines
-            for f in (log, exp / sbatch_output_name(row["name"])):
-                if f.exists():
-                    try:  # a regular file's last bytes only: a FIFO or a huge log never hangs
-                        tail = tail_lines(f, 10)
-                    except OSError as err:
-                        typer.echo(f"{f.name}: {describe_read_error(err)}")
-                        continue
-                    typer.echo(f"last lines of {f.name}:")
-                    for line in tail:
-                        typer.echo(f"  {line[:2000]}")
-
-    @jobs_app.command("refresh")
-    def jobs_refresh(ctx: typer.Context,
-                     ids: List[int] = typer.Argument(None, help="Only these jobs (default: all)."),
-                     root: Optional[Path] = ROOT_OPT):
-        """Update states from Slurm (squeue, sacct, jobcomp or exit.json); parse results."""
-        from .jobs import refresh
-        db, where = _open_db(_jobs_root(ctx, root))
-        if db is None:
-            typer.echo(f"no jobs recorded under {where} yet")
-            return
-        with _history_errors():
-            # The refreshed rows as refresh saw them: on a full disk they may not be saved.
-            fresh = {j["id"]: j for j in refresh(db, ids or None)}
-            jobs = [fresh.get(j["id"], j) for j in db.list() if not ids or j["id"] in ids]
-        console().print(_jobs_table(jobs, where))
+    jobs_app.callback()(jobs_default)
+    jobs_app.command("list")(jobs_list)
+    jobs_app.command("show")(jobs_show)
+    jobs_app.command("refresh")(jobs_refresh)

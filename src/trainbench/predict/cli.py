@@ -17,117 +17,118 @@ FORMATS = ("table", "json")
 LOSSES = ("unfused", "te")
 
 
+def predict(
+    workload: Optional[str] = typer.Option(None, "-w", "--workload",
+                                           help="Workload key, e.g. pretrain_llama3.1."),
+    size: Optional[str] = typer.Option(None, "-s", "--size", envvar="MODEL_SIZE",
+                                       help="Model size, e.g. 70b."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
+                                        help="bf16, fp8 or fp32; default as `run`: bf16 "
+                                             "on a GPU, on a CPU bf16 only where it is "
+                                             "native."),
+    scale: Optional[int] = typer.Option(None, "--scale", envvar="JOB_TOTAL_GPUS",
+                                        help="Number of GPUs."),
+    gpu: str = typer.Option("h100", "--gpu", help="GPU type to predict for."),
+    sets: Optional[List[str]] = typer.Option(
+        None, "--set", help="Override plan fields, e.g. --set tp=2 --set 'pp=4 vp=5'."),
+    fmt: str = typer.Option("table", "--format", help="table or json."),
+    do_search: bool = typer.Option(False, "--search",
+                                   help="Rank the layouts that fit by predicted step time."),
+    top: int = typer.Option(10, "--top", help="Layouts --search lists."),
+    headroom: float = typer.Option(0.05, "--headroom",
+                                   help="Share of usable memory --search keeps spare."),
+    calibrate_dir: Optional[Path] = typer.Option(
+        None, "--calibrate", help="Fit the model to the experiment directories under DIR "
+                                  "and store the constants in the cluster config."),
+    hardware: Optional[Path] = typer.Option(
+        None, "--hardware", metavar="PROFILE",
+        help="A hardware-profile.json from `trainbench probe`: predict with its measured "
+             "GEMM TFLOPS and collective bandwidths instead of catalog assumptions."),
+    sharding: str = typer.Option(
+        "engine", "--sharding",
+        help="How DP shards model state: engine (default; what `trainbench run` runs: "
+             "FSDP2 over dp x cp, the figure run prints too), recipe (what the published "
+             "run used: Megatron's distributed optimizer for the NeMo seeds, FSDP for "
+             "MaxText's Llama 2), distributed_optimizer or fsdp. Megatron's "
+             "(distributed_optimizer, and recipe for the NeMo recipes) also sends an MoE "
+             "token once per remote node, as its DeepEP / HybridEP dispatch does."),
+    loss: str = typer.Option(
+        "unfused", "--loss",
+        help="A Megatron-LM run's loss (with --sharding recipe, distributed_optimizer "
+             "or fsdp): unfused (default; Megatron's vocabulary-parallel cross entropy, "
+             "as the seeds ran) or te (Transformer Engine's fused cross entropy, as "
+             "NVIDIA's recipes from Megatron-Bridge 25.09 and NeMo 25.07 run)."),
+    offload_layers: int = typer.Option(
+        0, "--offload-layers", metavar="N",
+        help="Layers whose activations a Megatron-LM run keeps in host memory "
+             "(its cpu_offloading_num_layers; PP1 only; NVIDIA's FSDP recipes on "
+             "GB200 / GB300 set it). Memory only: the transfers are not charged."),
+):
+    """Predict step time, tokens/s, MFU and memory per GPU before launching."""
+    from ..config import load_config
+    from .context import SHARDINGS, MegatronRun
+
+    if fmt not in FORMATS:
+        fail(f"unknown --format {fmt!r}; use table or json")
+    if sharding not in SHARDINGS:
+        fail(f"unknown --sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
+    if loss not in LOSSES:
+        fail(f"unknown --loss {loss!r}; use {' or '.join(LOSSES)}")
+    megatron = MegatronRun(fused_loss=loss == "te", offload_layers=offload_layers)
+    try:
+        config = load_config()
+    except ValueError as err:
+        fail(str(err))
+    if hardware is not None and calibrate_dir is not None:
+        fail("--hardware and --calibrate are separate runs: --calibrate fits to measured "
+             "step times, --hardware predicts from measured GEMMs and links; drop one")
+    if calibrate_dir is not None and not megatron.default:
+        fail("--loss and --offload-layers describe one run to predict; --calibrate fits "
+             "to the runs under DIR as they ran: drop them")
+    if calibrate_dir is not None:
+        if do_search:
+            fail("--calibrate and --search are separate runs; drop one of them")
+        _calibrate(calibrate_dir, config, fmt, sharding)
+        return
+    missing = [name for name, value in (("-w/--workload", workload), ("-s/--size", size),
+                                        ("--scale", scale))
+               if value is None]
+    if missing:
+        fail(f"predict needs {', '.join(missing)} (or --calibrate DIR)")
+    if scale < 1:
+        fail("--scale must be at least 1")
+    if top < 1:
+        fail("--top must be at least 1")
+    if not 0 <= headroom < 1:
+        fail("--headroom must be a fraction in [0, 1)")
+    if dtype is None:
+        from ..default_dtype import default_dtype_for
+        dtype, why = default_dtype_for(workload, size, gpu)
+        if fmt == "table":
+            typer.echo(f"dtype: {dtype} ({why})")
+    from ..plan import PlanError, parse_overrides
+    try:
+        overrides = parse_overrides(sets or [])
+    except PlanError as err:
+        fail("; ".join(err.problems))
+    facts = None
+    if hardware is not None:
+        from .hardware_profile import HardwareProfileError, read_facts
+        try:
+            facts = read_facts(hardware)  # a bad file fails first, alone
+        except HardwareProfileError as err:
+            fail(str(err))
+    if do_search:
+        _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
+                headroom, fmt, facts, megatron)
+    else:
+        _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
+                 facts, megatron)
+
+
 def register(app) -> None:
     """Add `trainbench predict` to the Typer app."""
-
-    @app.command("predict")
-    def predict(
-        workload: Optional[str] = typer.Option(None, "-w", "--workload",
-                                               help="Workload key, e.g. pretrain_llama3.1."),
-        size: Optional[str] = typer.Option(None, "-s", "--size", envvar="MODEL_SIZE",
-                                           help="Model size, e.g. 70b."),
-        dtype: Optional[str] = typer.Option(None, "--dtype", envvar="DTYPE",
-                                            help="bf16, fp8 or fp32; default as `run`: bf16 "
-                                                 "on a GPU, on a CPU bf16 only where it is "
-                                                 "native."),
-        scale: Optional[int] = typer.Option(None, "--scale", envvar="JOB_TOTAL_GPUS",
-                                            help="Number of GPUs."),
-        gpu: str = typer.Option("h100", "--gpu", help="GPU type to predict for."),
-        sets: Optional[List[str]] = typer.Option(
-            None, "--set", help="Override plan fields, e.g. --set tp=2 --set 'pp=4 vp=5'."),
-        fmt: str = typer.Option("table", "--format", help="table or json."),
-        do_search: bool = typer.Option(False, "--search",
-                                       help="Rank the layouts that fit by predicted step time."),
-        top: int = typer.Option(10, "--top", help="Layouts --search lists."),
-        headroom: float = typer.Option(0.05, "--headroom",
-                                       help="Share of usable memory --search keeps spare."),
-        calibrate_dir: Optional[Path] = typer.Option(
-            None, "--calibrate", help="Fit the model to the experiment directories under DIR "
-                                      "and store the constants in the cluster config."),
-        hardware: Optional[Path] = typer.Option(
-            None, "--hardware", metavar="PROFILE",
-            help="A hardware-profile.json from `trainbench probe`: predict with its measured "
-                 "GEMM TFLOPS and collective bandwidths instead of catalog assumptions."),
-        sharding: str = typer.Option(
-            "engine", "--sharding",
-            help="How DP shards model state: engine (default; what `trainbench run` runs: "
-                 "FSDP2 over dp x cp, the figure run prints too), recipe (what the published "
-                 "run used: Megatron's distributed optimizer for the NeMo seeds, FSDP for "
-                 "MaxText's Llama 2), distributed_optimizer or fsdp. Megatron's "
-                 "(distributed_optimizer, and recipe for the NeMo recipes) also sends an MoE "
-                 "token once per remote node, as its DeepEP / HybridEP dispatch does."),
-        loss: str = typer.Option(
-            "unfused", "--loss",
-            help="A Megatron-LM run's loss (with --sharding recipe, distributed_optimizer "
-                 "or fsdp): unfused (default; Megatron's vocabulary-parallel cross entropy, "
-                 "as the seeds ran) or te (Transformer Engine's fused cross entropy, as "
-                 "NVIDIA's recipes from Megatron-Bridge 25.09 and NeMo 25.07 run)."),
-        offload_layers: int = typer.Option(
-            0, "--offload-layers", metavar="N",
-            help="Layers whose activations a Megatron-LM run keeps in host memory "
-                 "(its cpu_offloading_num_layers; PP1 only; NVIDIA's FSDP recipes on "
-                 "GB200 / GB300 set it). Memory only: the transfers are not charged."),
-    ):
-        """Predict step time, tokens/s, MFU and memory per GPU before launching."""
-        from ..config import load_config
-        from .context import SHARDINGS, MegatronRun
-
-        if fmt not in FORMATS:
-            fail(f"unknown --format {fmt!r}; use table or json")
-        if sharding not in SHARDINGS:
-            fail(f"unknown --sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
-        if loss not in LOSSES:
-            fail(f"unknown --loss {loss!r}; use {' or '.join(LOSSES)}")
-        megatron = MegatronRun(fused_loss=loss == "te", offload_layers=offload_layers)
-        try:
-            config = load_config()
-        except ValueError as err:
-            fail(str(err))
-        if hardware is not None and calibrate_dir is not None:
-            fail("--hardware and --calibrate are separate runs: --calibrate fits to measured "
-                 "step times, --hardware predicts from measured GEMMs and links; drop one")
-        if calibrate_dir is not None and not megatron.default:
-            fail("--loss and --offload-layers describe one run to predict; --calibrate fits "
-                 "to the runs under DIR as they ran: drop them")
-        if calibrate_dir is not None:
-            if do_search:
-                fail("--calibrate and --search are separate runs; drop one of them")
-            _calibrate(calibrate_dir, config, fmt, sharding)
-            return
-        missing = [name for name, value in (("-w/--workload", workload), ("-s/--size", size),
-                                            ("--scale", scale))
-                   if value is None]
-        if missing:
-            fail(f"predict needs {', '.join(missing)} (or --calibrate DIR)")
-        if scale < 1:
-            fail("--scale must be at least 1")
-        if top < 1:
-            fail("--top must be at least 1")
-        if not 0 <= headroom < 1:
-            fail("--headroom must be a fraction in [0, 1)")
-        if dtype is None:
-            from ..default_dtype import default_dtype_for
-            dtype, why = default_dtype_for(workload, size, gpu)
-            if fmt == "table":
-                typer.echo(f"dtype: {dtype} ({why})")
-        from ..plan import PlanError, parse_overrides
-        try:
-            overrides = parse_overrides(sets or [])
-        except PlanError as err:
-            fail("; ".join(err.problems))
-        facts = None
-        if hardware is not None:
-            from .hardware_profile import HardwareProfileError, read_facts
-            try:
-                facts = read_facts(hardware)  # a bad file fails first, alone
-            except HardwareProfileError as err:
-                fail(str(err))
-        if do_search:
-            _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
-                    headroom, fmt, facts, megatron)
-        else:
-            _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
-                     facts, megatron)
+    app.command("predict")(predict)
 
 
 def _calibrated(config: dict, gpu: str) -> bool:

@@ -117,135 +117,137 @@ def _check_new_file(path: Path) -> None:
         fail(f"-o {path}: {problem}")
 
 
-
 def _exit_for(code: int) -> None:
     """A failed baseline or reference check ends the command with its exit code."""
     if code:
         raise typer.Exit(code)
 
+
+def results_command(
+    paths: Optional[list[Path]] = typer.Argument(None, help=_PATHS_HELP, show_default=False),
+    fmt: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
+    window: Optional[str] = typer.Option(None, "--window", help=_WINDOW_HELP),
+    sort: Optional[str] = typer.Option(
+        None, "--sort", help="Column to sort by (gpus, step_time, tokens, tflops, mfu, "
+                             "days, memory, status, name, ...); --sort=-mfu for descending."),
+    convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
+    output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                          help="Write to this new file instead of stdout."),
+    workload: Optional[str] = _WORKLOAD_OPT,
+    size: Optional[str] = _SIZE_OPT,
+    dtype: Optional[str] = _DTYPE_OPT,
+    scale: Optional[int] = _SCALE_OPT,
+    gpu: str = _GPU_OPT,
+    records: bool = typer.Option(False, "--records", help="JSON: include every step record."),
+    root: Optional[Path] = _ROOT_OPT,
+    baseline: Optional[list[Path]] = typer.Option(
+        None, "--baseline", help="Check each plan against a baseline: a file written by "
+                                 "--save-baseline, or earlier experiment directories "
+                                 "(repeatable). Exit 1 when a plan fails.",
+        show_default=False),
+    save_baseline: Optional[Path] = typer.Option(
+        None, "--save-baseline", help="Write these runs' per-plan baseline to this new "
+                                      "JSON file."),
+    reference: bool = typer.Option(False, "--reference", help="Check each plan against "
+                                   "the published tables (>= 100-tolerance % of their "
+                                   "tokens/s). Exit 1 when a plan fails."),
+    tolerance: float = typer.Option(5.0, "--tolerance", help="Tolerance in percent of "
+                                    "verdicts, --baseline and --reference."),
+):
+    """Status, step times, throughput and MFU of runs, against the references.
+
+    Every experiment under the given paths: trainbench runs and logs of NeMo 1/2,
+    Megatron-LM/Bridge, Megatron-DeepSpeed, MaxText and torchtitan, one row each, with
+    a summary line; a log in another format is listed as Unrecognised."""
+    from . import report
+    if fmt not in report.FORMATS:
+        fail(f"unknown --format {fmt!r}; use one of {', '.join(report.FORMATS)}")
+    if sort:
+        try:
+            report.sort_key_name(sort)
+        except ValueError as err:
+            fail(str(err))
+    if output is not None:
+        _check_new_file(output)
+    from .baseline import check_inputs, run_gate
+    try:
+        base = check_inputs(baseline, save_baseline, tolerance, window, convention,
+                            workload, size, dtype, scale, gpu)
+        results, unread = _summarize(paths, window, convention, workload, size, dtype,
+                                     scale, gpu, root, tolerance)
+        results = report.sort_results(results, sort)
+        gate = run_gate(results, base, reference, save_baseline, tolerance)
+    except InputError as err:
+        fail(str(err))
+    if fmt == "csv":
+        text = report.to_csv(results, gate.csv_columns(results))
+    elif fmt == "json":
+        extra = {**gate.json(), **({"unread": unread} if unread else {})}
+        text = report.to_json(results, with_records=records, extra=extra) + "\n"
+    elif output is not None:
+        import io
+
+        from rich.console import Console
+        buf = io.StringIO()
+        report.print_table(results, Console(file=buf, width=250, color_system=None),
+                           convention, fit=False)
+        text = buf.getvalue() + "".join(line + "\n" for line in gate.lines())
+    else:
+        report.print_table(results, console(), convention)
+        for line in gate.lines():
+            typer.echo(line)
+        _exit_for(gate.finish(fmt))
+        return
+    if output is not None:
+        _write_new_file(output, text)
+        typer.echo(f"wrote {output} ({len(results)} experiment(s)); "
+                   + report.summary_line(results))
+    else:
+        typer.echo(text, nl=False)
+    _exit_for(gate.finish(fmt))
+
+
+def plot_command(
+    paths: Optional[list[Path]] = typer.Argument(None, help=_PATHS_HELP, show_default=False),
+    out_dir: Path = typer.Option(..., "-o", "--out", help="Directory for the PNG files "
+                                                          "(created; existing charts are "
+                                                          "never overwritten)."),
+    window: Optional[str] = typer.Option(None, "--window", help=_WINDOW_HELP),
+    convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
+    workload: Optional[str] = _WORKLOAD_OPT,
+    size: Optional[str] = _SIZE_OPT,
+    dtype: Optional[str] = _DTYPE_OPT,
+    scale: Optional[int] = _SCALE_OPT,
+    gpu: str = _GPU_OPT,
+    root: Optional[Path] = _ROOT_OPT,
+):
+    """PNG charts of runs: scaling against the reference, step times, losses.
+
+    scaling.png: tokens/s and MFU against GPU count with the reference curve (weak
+    scaling); step_time_<run>.png: step time per iteration, warm-up and window shaded;
+    loss.png: loss curves."""
+    from .plot import write_plots
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"{out_dir} is a file; -o takes a directory")
+    from ..rundir import creatable_problem
+    problem = creatable_problem(out_dir)
+    if problem:
+        fail(f"-o {out_dir}: {problem}")
+    results, _ = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
+                            root)
+    try:
+        written = write_plots(results, out_dir, convention)
+    except FileExistsError as err:
+        fail(str(err))
+    except OSError as err:
+        fail(f"cannot write the charts into {out_dir}: {err.strerror}")
+    if not written:
+        fail("no run has step data to plot")
+    for path in written:
+        typer.echo(f"wrote {path}")
+
+
 def register(app) -> None:
     """Add `results` and `plot` to the trainbench Typer app."""
-
-    @app.command("results")
-    def results_command(
-        paths: Optional[list[Path]] = typer.Argument(None, help=_PATHS_HELP, show_default=False),
-        fmt: str = typer.Option("table", "--format", "-f", help="table, csv or json."),
-        window: Optional[str] = typer.Option(None, "--window", help=_WINDOW_HELP),
-        sort: Optional[str] = typer.Option(
-            None, "--sort", help="Column to sort by (gpus, step_time, tokens, tflops, mfu, "
-                                 "days, memory, status, name, ...); --sort=-mfu for descending."),
-        convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
-        output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                              help="Write to this new file instead of stdout."),
-        workload: Optional[str] = _WORKLOAD_OPT,
-        size: Optional[str] = _SIZE_OPT,
-        dtype: Optional[str] = _DTYPE_OPT,
-        scale: Optional[int] = _SCALE_OPT,
-        gpu: str = _GPU_OPT,
-        records: bool = typer.Option(False, "--records", help="JSON: include every step record."),
-        root: Optional[Path] = _ROOT_OPT,
-        baseline: Optional[list[Path]] = typer.Option(
-            None, "--baseline", help="Check each plan against a baseline: a file written by "
-                                     "--save-baseline, or earlier experiment directories "
-                                     "(repeatable). Exit 1 when a plan fails.",
-            show_default=False),
-        save_baseline: Optional[Path] = typer.Option(
-            None, "--save-baseline", help="Write these runs' per-plan baseline to this new "
-                                          "JSON file."),
-        reference: bool = typer.Option(False, "--reference", help="Check each plan against "
-                                       "the published tables (>= 100-tolerance % of their "
-                                       "tokens/s). Exit 1 when a plan fails."),
-        tolerance: float = typer.Option(5.0, "--tolerance", help="Tolerance in percent of "
-                                        "verdicts, --baseline and --reference."),
-    ):
-        """Status, step times, throughput and MFU of runs, against the references.
-
-        Every experiment under the given paths: trainbench runs and logs of NeMo 1/2,
-        Megatron-LM/Bridge, Megatron-DeepSpeed, MaxText and torchtitan, one row each, with
-        a summary line; a log in another format is listed as Unrecognised."""
-        from . import report
-        if fmt not in report.FORMATS:
-            fail(f"unknown --format {fmt!r}; use one of {', '.join(report.FORMATS)}")
-        if sort:
-            try:
-                report.sort_key_name(sort)
-            except ValueError as err:
-                fail(str(err))
-        if output is not None:
-            _check_new_file(output)
-        from .baseline import check_inputs, run_gate
-        try:
-            base = check_inputs(baseline, save_baseline, tolerance, window, convention,
-                                workload, size, dtype, scale, gpu)
-            results, unread = _summarize(paths, window, convention, workload, size, dtype,
-                                         scale, gpu, root, tolerance)
-            results = report.sort_results(results, sort)
-            gate = run_gate(results, base, reference, save_baseline, tolerance)
-        except InputError as err:
-            fail(str(err))
-        if fmt == "csv":
-            text = report.to_csv(results, gate.csv_columns(results))
-        elif fmt == "json":
-            extra = {**gate.json(), **({"unread": unread} if unread else {})}
-            text = report.to_json(results, with_records=records, extra=extra) + "\n"
-        elif output is not None:
-            import io
-
-            from rich.console import Console
-            buf = io.StringIO()
-            report.print_table(results, Console(file=buf, width=250, color_system=None),
-                               convention, fit=False)
-            text = buf.getvalue() + "".join(line + "\n" for line in gate.lines())
-        else:
-            report.print_table(results, console(), convention)
-            for line in gate.lines():
-                typer.echo(line)
-            _exit_for(gate.finish(fmt))
-            return
-        if output is not None:
-            _write_new_file(output, text)
-            typer.echo(f"wrote {output} ({len(results)} experiment(s)); "
-                       + report.summary_line(results))
-        else:
-            typer.echo(text, nl=False)
-        _exit_for(gate.finish(fmt))
-
-    @app.command("plot")
-    def plot_command(
-        paths: Optional[list[Path]] = typer.Argument(None, help=_PATHS_HELP, show_default=False),
-        out_dir: Path = typer.Option(..., "-o", "--out", help="Directory for the PNG files "
-                                                              "(created; existing charts are "
-                                                              "never overwritten)."),
-        window: Optional[str] = typer.Option(None, "--window", help=_WINDOW_HELP),
-        convention: str = typer.Option("published", "--convention", help=_CONVENTION_HELP),
-        workload: Optional[str] = _WORKLOAD_OPT,
-        size: Optional[str] = _SIZE_OPT,
-        dtype: Optional[str] = _DTYPE_OPT,
-        scale: Optional[int] = _SCALE_OPT,
-        gpu: str = _GPU_OPT,
-        root: Optional[Path] = _ROOT_OPT,
-    ):
-        """PNG charts of runs: scaling against the reference, step times, losses.
-
-        scaling.png: tokens/s and MFU against GPU count with the reference curve (weak
-        scaling); step_time_<run>.png: step time per iteration, warm-up and window shaded;
-        loss.png: loss curves."""
-        from .plot import write_plots
-        if out_dir.exists() and not out_dir.is_dir():
-            fail(f"{out_dir} is a file; -o takes a directory")
-        from ..rundir import creatable_problem
-        problem = creatable_problem(out_dir)
-        if problem:
-            fail(f"-o {out_dir}: {problem}")
-        results, _ = _summarize(paths, window, convention, workload, size, dtype, scale, gpu,
-                                root)
-        try:
-            written = write_plots(results, out_dir, convention)
-        except FileExistsError as err:
-            fail(str(err))
-        except OSError as err:
-            fail(f"cannot write the charts into {out_dir}: {err.strerror}")
-        if not written:
-            fail("no run has step data to plot")
-        for path in written:
-            typer.echo(f"wrote {path}")
+    app.command("results")(results_command)
+    app.command("plot")(plot_command)
