@@ -115,12 +115,8 @@ def show(
                                        "MoE's routed experts, top_k kept): the cut model."),
 ):
     """Architecture, parameter count, FLOPs per sequence, recipe rows and references."""
-    from rich.table import Table
-
-    from . import flops as fl
-    from . import metrics
-    from .catalog import hardware, recipes, references
-    from .catalog.models import parameter_count
+    from . import describe
+    from .catalog import hardware, recipes
     size = size.lower()
     model = _resolve_model(workload, size)
     if gpu.lower() not in hardware.GPUS and gpu.lower() != hardware.CPU:
@@ -142,80 +138,14 @@ def show(
     elif not model.is_hybrid and len(depths) == 1 and depths[0] != model.layers:
         model = model.with_layers(depths[0])
     out = console()
-    arch = Table(title=f"{model.name} ({workload} {size})", show_header=False)
-    arch.add_column("field")
-    arch.add_column("value")
-    fields = ["vocab_size", "hidden", "ffn", "layers", "heads", "kv_heads", "head_dim", "seq_len",
-              "mlp", "norm", "rope_base", "rotary_fraction", "rope_scaling", "position_embedding"]
-    if model.is_hybrid:
-        fields += ["pattern", "mamba_heads", "mamba_head_dim", "mamba_state", "mamba_groups",
-                   "mamba_chunk"]
-    if model.is_moe:
-        fields += ["n_routed_experts", "n_shared_experts", "top_k", "moe_ffn",
-                   "first_dense_layers", "router", "n_group", "topk_group", "routed_scaling",
-                   "aux_loss", "aux_loss_coef", "bias_update_speed"]
-    if model.is_mla:
-        fields += ["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-                   "v_head_dim"]
-    for f in fields:
-        arch.add_row(f, str(getattr(model, f)))
-    if model.is_hybrid:
-        counts = model.layer_counts()
-        arch.add_row("layers by kind", f"{counts['mamba']} M (Mamba-2), {counts['attention']} * "
-                     f"(attention), {counts['mlp']} - (MLP); --set layers=N keeps N in this "
-                     "mix, --set pattern=... gives any other")
-    if len(depths) > 1 and not model.is_hybrid:
-        by_scale = ", ".join(f"{r.layers} at {r.gpus} GPUs" for r in
-                             sorted({(r.gpus, r.layers): r for r in rows}.values(),
-                                    key=lambda r: r.gpus))
-        arch.add_row("layers by scale", by_scale + " (figures below: the full depth; "
-                     "pass --scale for one)")
-    arch.add_row("parameters", f"{parameter_count(model):,} ({parameter_count(model) / 1e9:.2f} B)")
-    if model.is_moe:
-        from .catalog.models import active_parameter_count
-        active = active_parameter_count(model)
-        arch.add_row("active parameters", f"{active:,} ({active / 1e9:.2f} B per token, "
-                     "embedding row included)")
-    for conv in fl.CONVENTIONS:
-        value = fl.flops_per_sequence(model, convention=conv)
-        arch.add_row(f"FLOPs/sequence ({conv})", f"{fl.round_sig(value, 4):.4g} ({value:.6e})")
-    out.print(arch)
-
-    rt = Table(title="Recipe rows")
-    for col in ("dtype", "gpu", "GPUs", "seq", "layers", "TP", "PP", "CP", "EP", "DP", "VP", "MBS",
-                "GBS", "GA", "source"):
-        rt.add_column(col)
-    # A source and its note can run to a paragraph: each is printed once, under the table.
-    sources: dict[str, int] = {}
-    for r in rows:
-        text = r.source + (f": {r.note}" if r.note else "")
-        key = sources.setdefault(text, len(sources) + 1)
-        rt.add_row(r.dtype, r.gpu_type, str(r.gpus), str(r.seq_len), str(r.layers), str(r.tp),
-                   str(r.pp), str(r.cp), str(r.ep) if r.ep > 1 else "NA", str(r.dp), str(r.vp) if r.vp > 1 else "NA",
-                   str(r.mbs), str(r.gbs), str(r.ga), f"[{key}]")
-    out.print(rt)
-    for text, key in sources.items():
-        out.print(f"[{key}] {text}", highlight=False, markup=False)
-
-    refs = [r for r in references.references_for(workload, size)
-            if (dtype is None or r.dtype == dtype.lower()) and (scale is None or r.gpus == scale)]
-    if refs:
-        ref_table = Table(title="Published reference (H100)")
-        for col in ("dtype", "GPUs", "step time (s)", "tokens/s", "MFU (seed)",
-                    "MFU (published, recomputed)", "days per 1T tokens"):
-            ref_table.add_column(col)
-        for ref in refs:
-            row = recipes.find_row(workload, size, ref.dtype, ref.gpus, "h100")
-            spec = (catalog_model.with_layers(row.layers) if not catalog_model.is_hybrid
-                    else catalog_model)
-            f = fl.flops_per_sequence(spec, row.seq_len)
-            peak = hardware.GPUS["h100"].peak(ref.dtype)
-            recomputed = metrics.mfu(row.gbs, f, ref.step_time_s, ref.gpus, peak)
-            ref_table.add_row(ref.dtype, str(ref.gpus), f"{ref.step_time_s:g}",
-                              f"{ref.tokens_per_s:,.0f}", f"{ref.mfu_pct:.2f}%",
-                              f"{100 * recomputed:.2f}%",
-                              f"{ref.days_1t:g}" if ref.days_1t is not None else "n/a")
-        out.print(ref_table)
+    out.print(describe.architecture_table(model, workload, size, rows))
+    recipe, notes = describe.recipe_table(rows)
+    out.print(recipe)
+    for line in notes:
+        out.print(line, highlight=False, markup=False)
+    refs = describe.reference_table(catalog_model, workload, size, dtype, scale)
+    if refs is not None:
+        out.print(refs)
 
 
 @app.command()

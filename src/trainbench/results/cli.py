@@ -179,6 +179,14 @@ def results_command(
         gate = run_gate(results, base, reference, save_baseline, tolerance)
     except InputError as err:
         fail(str(err))
+    _emit(results, unread, gate, fmt, output, records, convention)
+
+
+def _emit(results, unread, gate, fmt: str, output: Path | None, records: bool,
+          convention: str) -> None:
+    """Print (or write to the new file `output`) the results in fmt with the gate's lines,
+    then end with the gate's exit code."""
+    from . import report
     if fmt == "csv":
         text = report.to_csv(results, gate.csv_columns(results))
     elif fmt == "json":

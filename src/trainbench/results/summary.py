@@ -340,32 +340,43 @@ def _running(result: ExperimentResult, scan: LogScan, facts: RunFacts, why: str)
 
 def _identify(result: ExperimentResult, facts: RunFacts, scan: LogScan, path: Path,
               workload, size, dtype, scale, gpu) -> None:
+    """What ran: from plan.json where the run has one, else from the log, its name and
+    the user's options."""
+    if facts.plan is not None:
+        _identify_from_plan(result, facts)
+    else:
+        _identify_from_log(result, scan, path, workload, size, dtype, scale, gpu)
+
+
+def _identify_from_plan(result: ExperimentResult, facts: RunFacts) -> None:
     plan = facts.plan
-    if plan is not None:
-        result.workload, result.size = plan.get("workload"), plan.get("size")
-        result.dtype, result.gpu_type = plan.get("dtype"), plan.get("gpu_type")
-        result.gpus = plan.get("gpus")
-        result.gbs, result.seq_len = plan.get("gbs"), plan.get("seq_len")
-        layout = plan.get("layout") or {}
-        if layout:
-            from ..plan import Layout
-            try:
-                result.layout = Layout(**layout).describe()
-            except TypeError:
-                result.layout = None
-        result.identity_source = "plan.json"
-        run = facts.run or {}
-        if run.get("world_size") and run["world_size"] != result.gpus:
-            result.notes.append(f"run.json world size {run['world_size']} differs from the "
-                                f"plan's {result.gpus}")
-        # The device actually used decides which reference applies.
-        device = run.get("device_name")
-        if device and result.gpu_type != hardware.CPU:
-            found = hardware.gpu_from_device_name(device)
-            if found and found.key != result.gpu_type:
-                result.notes.append(f"planned for {result.gpu_type}, ran on {device}")
-                result.gpu_type = found.key
-        return
+    result.workload, result.size = plan.get("workload"), plan.get("size")
+    result.dtype, result.gpu_type = plan.get("dtype"), plan.get("gpu_type")
+    result.gpus = plan.get("gpus")
+    result.gbs, result.seq_len = plan.get("gbs"), plan.get("seq_len")
+    layout = plan.get("layout") or {}
+    if layout:
+        from ..plan import Layout
+        try:
+            result.layout = Layout(**layout).describe()
+        except TypeError:
+            result.layout = None
+    result.identity_source = "plan.json"
+    run = facts.run or {}
+    if run.get("world_size") and run["world_size"] != result.gpus:
+        result.notes.append(f"run.json world size {run['world_size']} differs from the "
+                            f"plan's {result.gpus}")
+    # The device actually used decides which reference applies.
+    device = run.get("device_name")
+    if device and result.gpu_type != hardware.CPU:
+        found = hardware.gpu_from_device_name(device)
+        if found and found.key != result.gpu_type:
+            result.notes.append(f"planned for {result.gpu_type}, ran on {device}")
+            result.gpu_type = found.key
+
+
+def _identify_from_log(result: ExperimentResult, scan: LogScan, path: Path,
+                       workload, size, dtype, scale, gpu) -> None:
     given = Identity(workload, size.lower() if size else None,
                      dtype.lower() if dtype else None, scale)
     inferred = infer_identity(path, scan.format)
