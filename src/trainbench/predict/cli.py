@@ -66,58 +66,27 @@ def predict(
 ):
     """Predict step time, tokens/s, MFU and memory per GPU before launching."""
     from ..config import load_config
-    from .context import SHARDINGS, MegatronRun
+    from .context import MegatronRun
 
-    if fmt not in FORMATS:
-        fail(f"unknown --format {fmt!r}; use table or json")
-    if sharding not in SHARDINGS:
-        fail(f"unknown --sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
-    if loss not in LOSSES:
-        fail(f"unknown --loss {loss!r}; use {' or '.join(LOSSES)}")
+    _check_choices(fmt, sharding, loss)
     megatron = MegatronRun(fused_loss=loss == "te", offload_layers=offload_layers)
     try:
         config = load_config()
     except ValueError as err:
         fail(str(err))
-    if hardware is not None and calibrate_dir is not None:
-        fail("--hardware and --calibrate are separate runs: --calibrate fits to measured "
-             "step times, --hardware predicts from measured GEMMs and links; drop one")
-    if calibrate_dir is not None and not megatron.default:
-        fail("--loss and --offload-layers describe one run to predict; --calibrate fits "
-             "to the runs under DIR as they ran: drop them")
     if calibrate_dir is not None:
+        _check_calibrate_alone(hardware, megatron)
         if do_search:
             fail("--calibrate and --search are separate runs; drop one of them")
         _calibrate(calibrate_dir, config, fmt, sharding)
         return
-    missing = [name for name, value in (("-w/--workload", workload), ("-s/--size", size),
-                                        ("--scale", scale))
-               if value is None]
-    if missing:
-        fail(f"predict needs {', '.join(missing)} (or --calibrate DIR)")
-    if scale < 1:
-        fail("--scale must be at least 1")
-    if top < 1:
-        fail("--top must be at least 1")
-    if not 0 <= headroom < 1:
-        fail("--headroom must be a fraction in [0, 1)")
+    _check_prediction_options(workload, size, scale, top, headroom)
     if dtype is None:
         from ..default_dtype import default_dtype_for
         dtype, why = default_dtype_for(workload, size, gpu)
         if fmt == "table":
             typer.echo(f"dtype: {dtype} ({why})")
-    from ..plan import PlanError, parse_overrides
-    try:
-        overrides = parse_overrides(sets or [])
-    except PlanError as err:
-        fail("; ".join(err.problems))
-    facts = None
-    if hardware is not None:
-        from .hardware_profile import HardwareProfileError, read_facts
-        try:
-            facts = read_facts(hardware)  # a bad file fails first, alone
-        except HardwareProfileError as err:
-            fail(str(err))
+    overrides, facts = _overrides(sets), _hardware_facts(hardware)
     if do_search:
         _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
                 headroom, fmt, facts, megatron)
@@ -134,6 +103,60 @@ def register(app) -> None:
 def _calibrated(config: dict, gpu: str) -> bool:
     from .constants import calibrated_values
     return bool(calibrated_values(config, gpu))
+
+
+def _check_choices(fmt: str, sharding: str, loss: str) -> None:
+    from .context import SHARDINGS
+    if fmt not in FORMATS:
+        fail(f"unknown --format {fmt!r}; use table or json")
+    if sharding not in SHARDINGS:
+        fail(f"unknown --sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
+    if loss not in LOSSES:
+        fail(f"unknown --loss {loss!r}; use {' or '.join(LOSSES)}")
+
+
+def _check_calibrate_alone(hardware, megatron) -> None:
+    """--calibrate fits to the runs under a directory as they ran: options that describe
+    one run to predict do not go with it."""
+    if hardware is not None:
+        fail("--hardware and --calibrate are separate runs: --calibrate fits to measured "
+             "step times, --hardware predicts from measured GEMMs and links; drop one")
+    if not megatron.default:
+        fail("--loss and --offload-layers describe one run to predict; --calibrate fits "
+             "to the runs under DIR as they ran: drop them")
+
+
+def _check_prediction_options(workload, size, scale, top: int, headroom: float) -> None:
+    missing = [name for name, value in (("-w/--workload", workload), ("-s/--size", size),
+                                        ("--scale", scale))
+               if value is None]
+    if missing:
+        fail(f"predict needs {', '.join(missing)} (or --calibrate DIR)")
+    if scale < 1:
+        fail("--scale must be at least 1")
+    if top < 1:
+        fail("--top must be at least 1")
+    if not 0 <= headroom < 1:
+        fail("--headroom must be a fraction in [0, 1)")
+
+
+def _overrides(sets: list[str] | None) -> dict:
+    from ..plan import PlanError, parse_overrides
+    try:
+        return parse_overrides(sets or [])
+    except PlanError as err:
+        fail("; ".join(err.problems))
+
+
+def _hardware_facts(hardware: Path | None):
+    """The measured facts of a `trainbench probe` profile, or None without --hardware."""
+    if hardware is None:
+        return None
+    from .hardware_profile import HardwareProfileError, read_facts
+    try:
+        return read_facts(hardware)  # a bad file fails first, alone
+    except HardwareProfileError as err:
+        fail(str(err))
 
 
 def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
