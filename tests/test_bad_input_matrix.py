@@ -547,7 +547,8 @@ def test_loader_and_shell_hook_variables_are_reserved(key):
 
 def test_a_slurm_job_script_never_gets_a_loader_variable(tmp_path):
     """The cluster config's env reaches the job script only through check_env."""
-    from trainbench.launch.slurm import SlurmError, SlurmOptions, render_sbatch
+    from trainbench.launch.sbatch import render_sbatch
+    from trainbench.launch.slurm import SlurmError, SlurmOptions
     from trainbench.plan import build_plan
     plan = build_plan("pretrain_llama3.1", "tiny", "fp32", 2, "cpu", steps=3)
     with pytest.raises(SlurmError) as err:

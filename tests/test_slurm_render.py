@@ -23,8 +23,8 @@ from trainbench.cli import app
 from trainbench.launch import bulk
 from trainbench.launch.jobs import (JobsDB, jobcomp_record, normalise_state, parse_elapsed,
                                     parse_exit_code, refresh)
-from trainbench.launch.slurm import (SlurmError, SlurmOptions, check_extra_arg,
-                                     check_options, render_sbatch)
+from trainbench.launch.sbatch import render_sbatch
+from trainbench.launch.slurm import SlurmError, SlurmOptions, check_extra_arg, check_options
 from trainbench.plan import PlanError, build_plan
 
 HOSTILE = ["$(touch {c})", "`touch {c}`", "'; touch {c}; '", '"; touch {c}; "',

@@ -377,7 +377,7 @@ def warn_missing_settings(tasks: list[BulkTask], plans: list[Plan], cluster: dic
 def submit_slurm_sweep(tasks: list[BulkTask], plans: list[Plan], root: Path, cluster: dict,
                        echo=print) -> list[tuple[BulkTask, Path, str]]:
     """Submit every task as its own Slurm job; stops at the first sbatch refusal."""
-    from .slurm import submit_plan
+    from .sbatch import submit_plan
     warn_missing_settings(tasks, plans, cluster)
     submitted = []
     for task, plan in zip(tasks, plans):

@@ -306,15 +306,15 @@ def run_local(plan: dict, out_dir: Path, echo=print) -> tuple[int, str]:
 
 
 def render_slurm(planned: PlannedProbe, out_dir: Path, opts: SlurmOptions) -> str:
-    from .slurm import render_sbatch
+    from .sbatch import render_sbatch
     return render_sbatch(planned.job, out_dir, opts, planned.cluster)
 
 
 def submit_slurm(planned: PlannedProbe, opts: SlurmOptions) -> tuple[Path, str]:
     """Validate, create the probe directory with its plan and script, sbatch it; a refused
     submission removes the directory again. (probe directory, Slurm job id)."""
-    from .slurm import (SlurmError, SubmitError, check_options, script_name, submit,
-                                warn_missing_settings)
+    from .sbatch import script_name, submit
+    from .slurm import SlurmError, SubmitError, check_options, warn_missing_settings
     check_options(planned.job, opts, planned.cluster)
     warn_missing_settings(planned.job, opts, planned.cluster)
     out_dir = create_probe_dir(planned)

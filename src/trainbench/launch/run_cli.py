@@ -130,7 +130,8 @@ def execute(req, preflight: bool = True) -> None:
 
 def submit(out, req, planned, preflight: bool = True) -> None:
     """A planned run on Slurm: the job script printed (dry run) or submitted."""
-    from .slurm import SlurmError, launch_on_slurm, submit_plan
+    from .sbatch import launch_on_slurm, submit_plan
+    from .slurm import SlurmError
     plan, opts = planned.plan, req.slurm
     try:
         if req.dry_run:

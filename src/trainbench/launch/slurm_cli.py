@@ -252,7 +252,8 @@ def bulk_command(
 ):
     from ..plan import PlanError
     from . import bulk
-    from .slurm import SubmitError, render_sbatch
+    from .sbatch import render_sbatch
+    from .slurm import SubmitError
 
     cluster = _load_cluster()
     try:
@@ -434,7 +435,7 @@ def jobs_show(ctx: typer.Context,
               root: Optional[Path] = ROOT_OPT):
     """One job in full: state, plan, files, results; the log's tail if it failed."""
     from ..rundir import EXIT_FILE, log_file_name
-    from .slurm import sbatch_output_name, script_name
+    from .sbatch import sbatch_output_name, script_name
     db, where = _open_db(_jobs_root(ctx, root))
     row = None
     if db is not None:
