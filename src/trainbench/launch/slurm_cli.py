@@ -142,6 +142,42 @@ def _prompt_config(current: dict, detected: dict) -> dict:
     return out
 
 
+def _merged_config(current: dict, detected: dict, from_file: Path | None, *, account, partition,
+                   gres, slurm_args, gpu_type, gpus_per_node, experiments_root, env) -> dict:
+    """The config init writes without asking: the current one, what Slurm reports where
+    the current one is silent, then --from FILE, then the options."""
+    from .slurm import SlurmError, parse_env_items
+    data = dict(current)
+    slurm = dict(data.get("slurm") or {})
+    for key in ("account", "partition", "gres"):
+        if slurm.get(key) is None and detected.get(key):
+            slurm[key] = detected[key]
+    for key in ("gpu_type", "gpus_per_node"):
+        if data.get(key) is None and detected.get(key) is not None:
+            data[key] = detected[key]
+    data["slurm"] = slurm
+    if from_file is not None:
+        loaded = _config_from_file(from_file)
+        data["slurm"] = {**data["slurm"], **(loaded.pop("slurm", None) or {})}
+        data.update(loaded)
+    flags = {"account": account, "partition": partition, "gres": gres}
+    data["slurm"].update({k: v for k, v in flags.items() if v is not None})
+    if slurm_args:
+        data["slurm"]["extra_args"] = list(slurm_args)
+    if gpu_type is not None:
+        data["gpu_type"] = gpu_type.lower()
+    if gpus_per_node is not None:
+        data["gpus_per_node"] = gpus_per_node
+    if experiments_root is not None:
+        data["experiments_root"] = str(experiments_root)
+    if env:
+        try:
+            data["env"] = {**(data.get("env") or {}), **parse_env_items(env)}
+        except SlurmError as err:
+            _fail_problems(err.problems)
+    return data
+
+
 def init_command(
     account: Optional[str] = typer.Option(None, "--account", help="Slurm account (-A)."),
     partition: Optional[str] = typer.Option(None, "--partition", help="GPU partition (-p)."),
@@ -163,8 +199,7 @@ def init_command(
     Secrets such as HF_TOKEN are refused: export them in your shell instead.
     """
     from ..config import config_path, save_config
-    from .slurm import (CONFIG_KEYS, SlurmError, check_cluster_config, detect_cluster,
-                        parse_env_items)
+    from .slurm import CONFIG_KEYS, SlurmError, check_cluster_config, detect_cluster
 
     # Unchecked: a wrongly typed value in the current config is what init may be fixing.
     current = _load_cluster(check=False)
@@ -188,34 +223,10 @@ def init_command(
         except SlurmError as err:
             _fail_problems(err.problems)
     else:
-        data = dict(current)
-        slurm = dict(data.get("slurm") or {})
-        for key in ("account", "partition", "gres"):
-            if slurm.get(key) is None and detected.get(key):
-                slurm[key] = detected[key]
-        for key in ("gpu_type", "gpus_per_node"):
-            if data.get(key) is None and detected.get(key) is not None:
-                data[key] = detected[key]
-        data["slurm"] = slurm
-        if from_file is not None:
-            loaded = _config_from_file(from_file)
-            data["slurm"] = {**data["slurm"], **(loaded.pop("slurm", None) or {})}
-            data.update(loaded)
-        flags = {"account": account, "partition": partition, "gres": gres}
-        data["slurm"].update({k: v for k, v in flags.items() if v is not None})
-        if slurm_args:
-            data["slurm"]["extra_args"] = list(slurm_args)
-        if gpu_type is not None:
-            data["gpu_type"] = gpu_type.lower()
-        if gpus_per_node is not None:
-            data["gpus_per_node"] = gpus_per_node
-        if experiments_root is not None:
-            data["experiments_root"] = str(experiments_root)
-        if env:
-            try:
-                data["env"] = {**(data.get("env") or {}), **parse_env_items(env)}
-            except SlurmError as err:
-                _fail_problems(err.problems)
+        data = _merged_config(current, detected, from_file, account=account,
+                              partition=partition, gres=gres, slurm_args=slurm_args,
+                              gpu_type=gpu_type, gpus_per_node=gpus_per_node,
+                              experiments_root=experiments_root, env=env)
     if data.get("experiments_root"):
         root_dir = os.path.expanduser(str(data["experiments_root"]))
         data["experiments_root"] = os.path.abspath(root_dir)
