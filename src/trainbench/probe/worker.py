@@ -358,6 +358,43 @@ class Rank:
         return mine
 
 
+def _profile(plan: dict, rank: "Rank", records: list, collectives: list) -> dict:
+    """The hardware profile rank 0 writes: the machine, how each figure was timed, every
+    rank's measurements, the collectives and the health verdict."""
+    torch, dist = rank.torch, rank.dist
+    return {
+        "schema": P.SCHEMA,
+        "kind": "trainbench hardware profile",
+        "name": plan["name"],
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "gpu_type": plan["gpu_type"], "device": plan["device"],
+            "hosts": sorted({r["host"] for r in records}),
+            "device_names": sorted({r["device"] for r in records}),
+            "nodes": len({r["node"] for r in records}), "ranks": rank.world,
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "backend": dist.get_backend(), "python": platform.python_version(),
+        },
+        "settings": {
+            "dtypes": plan["dtypes"], "sizes": plan["sizes"],
+            "gemm_shapes": plan["gemm_shapes"], "memory_bytes": plan["memory_bytes"],
+            "attention": plan.get("attention"), "scan": plan.get("scan"),
+            "collective_dtype": "float32",
+            "sustain_seconds": plan.get("sustain_seconds", 0),
+            "timing": ("GEMM, attention, scan and copy: best of %d after a warm-up, "
+                       "synchronised; sustained GEMM: the median of the last half of "
+                       "%d windows of back-to-back calls; collectives: mean over timed "
+                       "calls after warm-up, the slowest rank of the group"
+                       % (GEMM_REPEATS, SUSTAIN_WINDOWS)),
+            "bus_bandwidth": "nccl-tests: all_reduce x 2(n-1)/n; all_gather, "
+                             "reduce_scatter, all_to_all x (n-1)/n; send_recv x 1",
+        },
+        "ranks": records,
+        "collectives": collectives,
+        "verdict": P.health_verdict(records, collectives),
+    }
+
+
 def run(plan_path: Path) -> int:
     plan = json.loads(plan_path.read_text())
     out_dir = plan_path.parent
@@ -396,37 +433,7 @@ def run(plan_path: Path) -> int:
     dist.all_gather_object(gathered, mine)
     if rank.rank == 0:
         collectives = P.sorted_collectives([c for part in gathered for c in part])
-        profile = {
-            "schema": P.SCHEMA,
-            "kind": "trainbench hardware profile",
-            "name": plan["name"],
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {
-                "gpu_type": plan["gpu_type"], "device": plan["device"],
-                "hosts": sorted({r["host"] for r in records}),
-                "device_names": sorted({r["device"] for r in records}),
-                "nodes": len({r["node"] for r in records}), "ranks": rank.world,
-                "torch": torch.__version__, "cuda": torch.version.cuda,
-                "backend": dist.get_backend(), "python": platform.python_version(),
-            },
-            "settings": {
-                "dtypes": plan["dtypes"], "sizes": plan["sizes"],
-                "gemm_shapes": plan["gemm_shapes"], "memory_bytes": plan["memory_bytes"],
-                "attention": plan.get("attention"), "scan": plan.get("scan"),
-                "collective_dtype": "float32",
-                "sustain_seconds": plan.get("sustain_seconds", 0),
-                "timing": ("GEMM, attention, scan and copy: best of %d after a warm-up, "
-                           "synchronised; sustained GEMM: the median of the last half of "
-                           "%d windows of back-to-back calls; collectives: mean over timed "
-                           "calls after warm-up, the slowest rank of the group"
-                           % (GEMM_REPEATS, SUSTAIN_WINDOWS)),
-                "bus_bandwidth": "nccl-tests: all_reduce x 2(n-1)/n; all_gather, "
-                                 "reduce_scatter, all_to_all x (n-1)/n; send_recv x 1",
-            },
-            "ranks": records,
-            "collectives": collectives,
-            "verdict": P.health_verdict(records, collectives),
-        }
+        profile = _profile(plan, rank, records, collectives)
         hook = os.environ.get(P.SLOW_RANK_ENV)
         if hook:
             profile["test_hook"] = {P.SLOW_RANK_ENV: hook}
