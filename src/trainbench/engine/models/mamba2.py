@@ -129,6 +129,18 @@ def _split_heads(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t.unflatten(-2, (groups, heads // groups))
 
 
+def _pad_to_chunks(x: torch.Tensor, dt_a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                   chunk: int) -> tuple[torch.Tensor, ...]:
+    """x, dt_a, b and c padded along the sequence to a multiple of chunk. Padded steps have
+    x = 0 and A = 0 (decay 1): they leave the state unchanged, so the final state is
+    still the state after the last real token."""
+    pad = (-x.shape[1]) % chunk
+    if not pad:
+        return x, dt_a, b, c
+    return (F.pad(x, (0, 0, 0, 0, 0, pad)), F.pad(dt_a, (0, 0, 0, pad)),
+            F.pad(b, (0, 0, 0, 0, 0, pad)), F.pad(c, (0, 0, 0, 0, 0, pad)))
+
+
 def ssd_chunked(
     x: torch.Tensor,
     dt_a: torch.Tensor,
@@ -162,15 +174,8 @@ def ssd_chunked(
     batch, length, heads, head_dim = x.shape
     groups, state = b.shape[-2], b.shape[-1]
     dtype = x.dtype
-    pad = (-length) % chunk
-    if pad:
-        # Padded steps have x = 0 and A = 0 (decay 1): they leave the state unchanged,
-        # so the final state is still the state after the last real token.
-        x = F.pad(x, (0, 0, 0, 0, 0, pad))
-        dt_a = F.pad(dt_a, (0, 0, 0, pad))
-        b = F.pad(b, (0, 0, 0, 0, 0, pad))
-        c = F.pad(c, (0, 0, 0, 0, 0, pad))
-    n_chunks = (length + pad) // chunk
+    x, dt_a, b, c = _pad_to_chunks(x, dt_a, b, c, chunk)
+    n_chunks = x.shape[1] // chunk
 
     # Chunked views: x [b, c, l, g, r, p], B and C [b, c, l, g, n], with r = H/G.
     x = _split_heads(x.unflatten(1, (n_chunks, chunk)), groups)
