@@ -5,6 +5,7 @@ torch."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -25,5 +26,8 @@ def console():
             self.quiet = True
             raise BrokenPipeError
 
-    # Piped output (CI logs, `| tee`) gets wide tables instead of rich's 80 columns.
-    return _Console() if sys.stdout.isatty() else _Console(width=200)
+    # A terminal's width, or COLUMNS where it is set (rich reads it); piped output without
+    # COLUMNS (CI logs, `| tee`) gets wide tables instead of rich's 80 columns.
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return _Console()
+    return _Console(width=200)
