@@ -158,8 +158,22 @@ def mamba_linears(m: ModelSpec, sh: Shape) -> tuple[Linear, ...]:
             Linear("out_proj", sh.tokens, d_inner // sh.tp, m.hidden, sh.fp8))
 
 
-def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
-    """Work of one layer of a kind ('attention', 'mlp', 'mamba', 'embedding', 'head')."""
+@dataclass(frozen=True)
+class _Common:
+    """What every layer kind's work shares at a shape (see layer_work)."""
+    t: int
+    tok: float
+    b: float
+    h: int
+    norm_residual: float
+    gb: float
+    norm_saved: float
+    head_gathered: float
+    input_bytes: float
+    gather: float
+
+
+def _common(m: ModelSpec, sh: Shape) -> _Common:
     t, tok, b = sh.tp, sh.tokens, sh.act_bytes
     h = m.hidden
     # Sequence parallelism keeps norms and residuals on tokens/tp (Korthikanti et al. 2022);
@@ -179,135 +193,164 @@ def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
     head_gathered = tok if sh.engine else tok / t
     input_bytes = h * tok / t * b
     gather = float(tok * h * b)  # one sequence-parallel all-gather of the layer input
+    return _Common(t, tok, b, h, norm_residual, gb, norm_saved, head_gathered, input_bytes,
+                   gather)
 
-    if kind == "attention":
-        lins = attention_linears(m, sh)
-        per_seq = (fl.mla_layer_flops(m, sh.seq_len) if m.is_mla
-                   else fl.attention_layer_flops_causal(m, sh.seq_len))
-        total = per_seq * sh.mbs / (sh.cp * t)
-        gemm = sum(x.flops for x in lins)
-        q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
-        rope = 4.0 * (q + kv) * tok / t if m.position_embedding == "rope" else 0.0
-        hbm = (norm_residual + rope) * b
-        # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
-        attn_out = (q * tok / t) * b + m.heads / t * tok * 4
-        if sh.engine and sh.cp > 1:
-            # The engine's all-gather CP keeps the chunks' outputs beside their
-            # concatenation, the out projection's input; like Megatron's ring it keeps
-            # only its own shard of K and V and gathers the whole sequence's again in
-            # the backward (parallel/cp.py). Selective recompute drops both with the core.
-            attn_out += q * tok / t * b
-        act = norm_saved + (q + 2 * kv) * tok / t * b + attn_out
-        if sh.fp8 and not sh.engine:
-            act += q * tok / t  # the FP8 copy of the output, the out-projection's input
-        params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)
-        if m.is_mla:
-            # MLA's own projections (replicated down, TP-split up and out) and its three
-            # norms: the layer's, q's latent and kv's latent.
-            params = sum(x.k * x.n for x in lins) + h + m.q_lora_rank + m.kv_lora_rank
-        # Ring attention: each rank passes its K and V to the next, cp-1 times (Liu et al.
-        # 2023, "Ring Attention"; Megatron-LM context parallelism).
-        cp_kv = 2.0 * kv * tok / t * b * (sh.cp - 1)
-        return LayerWork(kind, lins, attn_flops=total - gemm, attn_len=sh.seq_len // sh.cp,
-                         hbm_bytes=hbm, act_bytes=act, input_bytes=input_bytes,
-                         attn_out_bytes=attn_out, params=params,
-                         tp_gather_bytes=(gather,) if t > 1 else (),
-                         cp_kv_bytes=cp_kv if sh.cp > 1 else 0.0)
-    if kind == "mlp":
-        lins = mlp_linears(m, sh)
-        f = m.ffn / t
-        # SwiGLU reads gate and up and writes the product forward (3 f), and reads both and
-        # the gradient and writes two gradients backward (5 f); squared ReLU: 2 f and 3 f.
-        act_fn = (8.0 if m.mlp == "swiglu" else 5.0) * f * tok
-        hbm = (norm_residual + act_fn) * b
-        # Kept: gate and up (SwiGLU) or the pre-activation (squared ReLU), and the
-        # activation's output, the down projection's input.
-        kept = ((2.0 if m.mlp == "swiglu" else 1.0) * b + gb) * f * tok
-        params = sum(x.k * x.n for x in lins) + (2 * h if m.norm == "layernorm1p" else h)
-        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=norm_saved + kept,
-                         input_bytes=input_bytes, params=params,
-                         tp_gather_bytes=(gather,) if t > 1 else ())
-    if kind == "moe":
-        # Sequence parallelism hands the MoE layer tokens/tp per rank (Megatron-Core's, and
-        # the engine's token-local layer); with ETP 1 (the published recipes, and
-        # trainbench's engine) experts are whole on each rank and the routed rows go to the
-        # EP rank holding their expert: under balanced routing each rank computes its
-        # tokens x top_k rows over its E/ep local experts. The shared expert: Megatron
-        # splits it over TP on the gathered sequence, the engine runs it whole on the
-        # rank's tokens (the same FLOPs, rows and activations).
-        f, E, ep = m.moe_ffn, m.n_routed_experts, max(sh.ep, 1)
-        mine = tok / t
-        rows = mine * m.top_k
-        # Each local expert's GEMM runs its rows, padded to 16 in FP8 (moe_cost).
-        per_expert = padded_rows(rows * ep / E, sh.fp8)
-        run_rows = per_expert * (E // ep) if sh.fp8 else int(rows)
-        lins = [Linear("router", int(mine), h, E, False),
-                Linear("experts_up", run_rows, h, 2 * f, sh.fp8, group_m=per_expert),
-                Linear("experts_down", run_rows, f, h, sh.fp8, group_m=per_expert)]
-        fs = f * m.n_shared_experts
-        shared_split = 1 if sh.engine else t
-        if m.n_shared_experts:
-            shared_tok = int(mine) if sh.engine else tok
-            lins += [Linear("shared_up", shared_tok, h, 2 * fs // shared_split, sh.fp8),
-                     Linear("shared_down", shared_tok, fs // shared_split, h, sh.fp8)]
-        # SwiGLU's traffic as in 'mlp' (routed and shared rows; the shared expert's rows
-        # count tokens/tp at its whole width), the router's softmax and top-k, and the
-        # permutation of the routed rows to their experts and back (moe_cost).
-        shared_rows = tok / t * m.n_shared_experts
-        hbm = ((norm_residual + 8.0 * f * (rows + shared_rows)) * b + router_bytes(mine, E)
-               + permutation_bytes(mine, rows, h, b, E // ep, ep,
-                                   fused_dispatch=not sh.engine))
-        kept = ((2.0 * b + gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
-        # The norm's input and output stay on the rank's tokens: nothing gathers them.
-        moe_norm_saved = h * tok / t * (b + gb)
-        local = h * E + 3 * h * fs if sh.engine and t > 1 else 0.0
-        params = (h * E + (E // ep) * 3 * h * f + 3 * h * fs / shared_split + h)
-        return LayerWork(kind, tuple(lins), hbm_bytes=hbm, act_bytes=moe_norm_saved + kept,
-                         input_bytes=input_bytes, params=params,
-                         ep_token_bytes=mine * h * b if ep > 1 else 0.0,
-                         expert_params=(E // ep) * 3 * h * f, token_local_params=local)
-    if kind == "mamba":
-        lins = mamba_linears(m, sh)
-        d_inner, gn, H = m.mamba_d_inner / t, m.mamba_groups * m.mamba_state / t, m.mamba_heads / t
-        total = fl.mamba_layer_flops(m, sh.seq_len) * sh.mbs / (sh.cp * t)
-        gemm = sum(x.flops for x in lins)
-        conv_ch = d_inner + 2 * gn
-        # Causal conv + SiLU over x, B, C (read, write forward; 3x backward) and the
-        # RMSNorm over d_inner (y in, out forward; y, dout in, dy out backward: 5 d_inner;
-        # the gate z is applied inside the scan, ssd_scan_bytes).
-        hbm = (norm_residual + 8.0 * conv_ch * tok + 5.0 * d_inner * tok) * b
-        # Kept: in_proj output (z, xBC, dt) and the scan output y; the memory-efficient path
-        # (mamba_split_conv1d_scan_combined, which Megatron-LM trains with) recomputes the
-        # convolution and the gated norm in the backward. Plus fp32 dt and dA per head.
-        kept = (2 * d_inner + 2 * gn + H + d_inner) * tok * b + 2 * H * tok * 4
-        params = (sum(x.k * x.n for x in lins) + conv_ch * (m.mamba_conv_kernel + 1)
-                  + 3 * H + d_inner + h)
-        return LayerWork(kind, lins, scan_flops=total - gemm, scan_dim=m.mamba_head_dim,
-                         scan_hbm_bytes=ssd_scan_bytes(m, sh) * tok, hbm_bytes=hbm,
-                         act_bytes=norm_saved + kept, input_bytes=input_bytes, params=params,
-                         tp_gather_bytes=(gather,) if t > 1 else ())
-    if kind == "embedding":
-        # A vocabulary-parallel lookup (Shoeybi et al. 2019): no FLOPs; the output is
-        # reduce-scattered to the sequence-parallel layout; backward scatters gradients into
-        # the table (fp32): read and write h per token each way.
-        params = m.vocab_size * h / t
-        return LayerWork(kind, (), hbm_bytes=(2.0 * b + 2.0 * 4) * h * tok, params=params,
-                         act_bytes=0.0, tp_gather_bytes=(gather,) if t > 1 else ())
-    if kind == "head":
-        lins = (Linear("output", tok, h, m.vocab_size // t, False),)
-        logits = tok * m.vocab_size / t
-        # Cross-entropy over vocabulary-parallel logits: write bf16 logits, read them into
-        # an fp32 softmax, write the fp32 gradient, cast it back (about 16 B per logit).
-        # TE's fused loss: the GEMM writes the bf16 logits, one forward pass reads them, the
-        # backward reads them and writes the gradient in place (8 B per logit).
-        per_logit = TE_FUSED_LOSS_TRAFFIC_PER_LOGIT if sh.fused_loss else 16.0
-        hbm = per_logit * logits + 5.0 * h * tok / t * b
-        params = m.vocab_size * h / t + (2 * h if m.norm == "layernorm1p" else h)
-        # The final norm's input and output (the head stays in BF16).
-        return LayerWork(kind, lins, hbm_bytes=hbm, act_bytes=h * (tok / t + head_gathered) * b,
-                         params=params, input_bytes=input_bytes,
-                         tp_gather_bytes=(gather,) if t > 1 else ())
-    raise ValueError(f"unknown layer kind {kind!r}; kinds: {', '.join(KINDS)}")
+
+def _attention_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
+    t, tok, b, h = c.t, c.tok, c.b, c.h
+    lins = attention_linears(m, sh)
+    per_seq = (fl.mla_layer_flops(m, sh.seq_len) if m.is_mla
+               else fl.attention_layer_flops_causal(m, sh.seq_len))
+    total = per_seq * sh.mbs / (sh.cp * t)
+    gemm = sum(x.flops for x in lins)
+    q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
+    rope = 4.0 * (q + kv) * tok / t if m.position_embedding == "rope" else 0.0
+    hbm = (c.norm_residual + rope) * b
+    # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
+    attn_out = (q * tok / t) * b + m.heads / t * tok * 4
+    if sh.engine and sh.cp > 1:
+        # The engine's all-gather CP keeps the chunks' outputs beside their
+        # concatenation, the out projection's input; like Megatron's ring it keeps
+        # only its own shard of K and V and gathers the whole sequence's again in
+        # the backward (parallel/cp.py). Selective recompute drops both with the core.
+        attn_out += q * tok / t * b
+    act = c.norm_saved + (q + 2 * kv) * tok / t * b + attn_out
+    if sh.fp8 and not sh.engine:
+        act += q * tok / t  # the FP8 copy of the output, the out-projection's input
+    params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)
+    if m.is_mla:
+        # MLA's own projections (replicated down, TP-split up and out) and its three
+        # norms: the layer's, q's latent and kv's latent.
+        params = sum(x.k * x.n for x in lins) + h + m.q_lora_rank + m.kv_lora_rank
+    # Ring attention: each rank passes its K and V to the next, cp-1 times (Liu et al.
+    # 2023, "Ring Attention"; Megatron-LM context parallelism).
+    cp_kv = 2.0 * kv * tok / t * b * (sh.cp - 1)
+    return LayerWork("attention", lins, attn_flops=total - gemm, attn_len=sh.seq_len // sh.cp,
+                     hbm_bytes=hbm, act_bytes=act, input_bytes=c.input_bytes,
+                     attn_out_bytes=attn_out, params=params,
+                     tp_gather_bytes=(c.gather,) if t > 1 else (),
+                     cp_kv_bytes=cp_kv if sh.cp > 1 else 0.0)
+
+
+def _mlp_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
+    t, tok, b, h = c.t, c.tok, c.b, c.h
+    lins = mlp_linears(m, sh)
+    f = m.ffn / t
+    # SwiGLU reads gate and up and writes the product forward (3 f), and reads both and
+    # the gradient and writes two gradients backward (5 f); squared ReLU: 2 f and 3 f.
+    act_fn = (8.0 if m.mlp == "swiglu" else 5.0) * f * tok
+    hbm = (c.norm_residual + act_fn) * b
+    # Kept: gate and up (SwiGLU) or the pre-activation (squared ReLU), and the
+    # activation's output, the down projection's input.
+    kept = ((2.0 if m.mlp == "swiglu" else 1.0) * b + c.gb) * f * tok
+    params = sum(x.k * x.n for x in lins) + (2 * h if m.norm == "layernorm1p" else h)
+    return LayerWork("mlp", lins, hbm_bytes=hbm, act_bytes=c.norm_saved + kept,
+                     input_bytes=c.input_bytes, params=params,
+                     tp_gather_bytes=(c.gather,) if t > 1 else ())
+
+
+def _moe_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
+    t, tok, b, h = c.t, c.tok, c.b, c.h
+    # Sequence parallelism hands the MoE layer tokens/tp per rank (Megatron-Core's, and
+    # the engine's token-local layer); with ETP 1 (the published recipes, and
+    # trainbench's engine) experts are whole on each rank and the routed rows go to the
+    # EP rank holding their expert: under balanced routing each rank computes its
+    # tokens x top_k rows over its E/ep local experts. The shared expert: Megatron
+    # splits it over TP on the gathered sequence, the engine runs it whole on the
+    # rank's tokens (the same FLOPs, rows and activations).
+    f, E, ep = m.moe_ffn, m.n_routed_experts, max(sh.ep, 1)
+    mine = tok / t
+    rows = mine * m.top_k
+    # Each local expert's GEMM runs its rows, padded to 16 in FP8 (moe_cost).
+    per_expert = padded_rows(rows * ep / E, sh.fp8)
+    run_rows = per_expert * (E // ep) if sh.fp8 else int(rows)
+    lins = [Linear("router", int(mine), h, E, False),
+            Linear("experts_up", run_rows, h, 2 * f, sh.fp8, group_m=per_expert),
+            Linear("experts_down", run_rows, f, h, sh.fp8, group_m=per_expert)]
+    fs = f * m.n_shared_experts
+    shared_split = 1 if sh.engine else t
+    if m.n_shared_experts:
+        shared_tok = int(mine) if sh.engine else tok
+        lins += [Linear("shared_up", shared_tok, h, 2 * fs // shared_split, sh.fp8),
+                 Linear("shared_down", shared_tok, fs // shared_split, h, sh.fp8)]
+    # SwiGLU's traffic as in 'mlp' (routed and shared rows; the shared expert's rows
+    # count tokens/tp at its whole width), the router's softmax and top-k, and the
+    # permutation of the routed rows to their experts and back (moe_cost).
+    shared_rows = tok / t * m.n_shared_experts
+    hbm = ((c.norm_residual + 8.0 * f * (rows + shared_rows)) * b + router_bytes(mine, E)
+           + permutation_bytes(mine, rows, h, b, E // ep, ep,
+                               fused_dispatch=not sh.engine))
+    kept = ((2.0 * b + c.gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
+    # The norm's input and output stay on the rank's tokens: nothing gathers them.
+    moe_norm_saved = h * tok / t * (b + c.gb)
+    local = h * E + 3 * h * fs if sh.engine and t > 1 else 0.0
+    params = (h * E + (E // ep) * 3 * h * f + 3 * h * fs / shared_split + h)
+    return LayerWork("moe", tuple(lins), hbm_bytes=hbm, act_bytes=moe_norm_saved + kept,
+                     input_bytes=c.input_bytes, params=params,
+                     ep_token_bytes=mine * h * b if ep > 1 else 0.0,
+                     expert_params=(E // ep) * 3 * h * f, token_local_params=local)
+
+
+def _mamba_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
+    t, tok, b, h = c.t, c.tok, c.b, c.h
+    lins = mamba_linears(m, sh)
+    d_inner, gn, H = m.mamba_d_inner / t, m.mamba_groups * m.mamba_state / t, m.mamba_heads / t
+    total = fl.mamba_layer_flops(m, sh.seq_len) * sh.mbs / (sh.cp * t)
+    gemm = sum(x.flops for x in lins)
+    conv_ch = d_inner + 2 * gn
+    # Causal conv + SiLU over x, B, C (read, write forward; 3x backward) and the
+    # RMSNorm over d_inner (y in, out forward; y, dout in, dy out backward: 5 d_inner;
+    # the gate z is applied inside the scan, ssd_scan_bytes).
+    hbm = (c.norm_residual + 8.0 * conv_ch * tok + 5.0 * d_inner * tok) * b
+    # Kept: in_proj output (z, xBC, dt) and the scan output y; the memory-efficient path
+    # (mamba_split_conv1d_scan_combined, which Megatron-LM trains with) recomputes the
+    # convolution and the gated norm in the backward. Plus fp32 dt and dA per head.
+    kept = (2 * d_inner + 2 * gn + H + d_inner) * tok * b + 2 * H * tok * 4
+    params = (sum(x.k * x.n for x in lins) + conv_ch * (m.mamba_conv_kernel + 1)
+              + 3 * H + d_inner + h)
+    return LayerWork("mamba", lins, scan_flops=total - gemm, scan_dim=m.mamba_head_dim,
+                     scan_hbm_bytes=ssd_scan_bytes(m, sh) * tok, hbm_bytes=hbm,
+                     act_bytes=c.norm_saved + kept, input_bytes=c.input_bytes, params=params,
+                     tp_gather_bytes=(c.gather,) if t > 1 else ())
+
+
+def _embedding_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
+    t, tok, b, h = c.t, c.tok, c.b, c.h
+    # A vocabulary-parallel lookup (Shoeybi et al. 2019): no FLOPs; the output is
+    # reduce-scattered to the sequence-parallel layout; backward scatters gradients into
+    # the table (fp32): read and write h per token each way.
+    params = m.vocab_size * h / t
+    return LayerWork("embedding", (), hbm_bytes=(2.0 * b + 2.0 * 4) * h * tok, params=params,
+                     act_bytes=0.0, tp_gather_bytes=(c.gather,) if t > 1 else ())
+
+
+def _head_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
+    t, tok, b, h = c.t, c.tok, c.b, c.h
+    lins = (Linear("output", tok, h, m.vocab_size // t, False),)
+    logits = tok * m.vocab_size / t
+    # Cross-entropy over vocabulary-parallel logits: write bf16 logits, read them into
+    # an fp32 softmax, write the fp32 gradient, cast it back (about 16 B per logit).
+    # TE's fused loss: the GEMM writes the bf16 logits, one forward pass reads them, the
+    # backward reads them and writes the gradient in place (8 B per logit).
+    per_logit = TE_FUSED_LOSS_TRAFFIC_PER_LOGIT if sh.fused_loss else 16.0
+    hbm = per_logit * logits + 5.0 * h * tok / t * b
+    params = m.vocab_size * h / t + (2 * h if m.norm == "layernorm1p" else h)
+    # The final norm's input and output (the head stays in BF16).
+    return LayerWork("head", lins, hbm_bytes=hbm, act_bytes=h * (tok / t + c.head_gathered) * b,
+                     params=params, input_bytes=c.input_bytes,
+                     tp_gather_bytes=(c.gather,) if t > 1 else ())
+
+
+_KIND_WORK = {"attention": _attention_work, "mlp": _mlp_work, "moe": _moe_work, "mamba": _mamba_work, "embedding": _embedding_work, "head": _head_work}
+
+
+def layer_work(m: ModelSpec, kind: str, sh: Shape) -> LayerWork:
+    """Work of one layer of a kind ('attention', 'mlp', 'moe', 'mamba', 'embedding',
+    'head')."""
+    if kind not in _KIND_WORK:
+        raise ValueError(f"unknown layer kind {kind!r}; kinds: {', '.join(KINDS)}")
+    return _KIND_WORK[kind](m, sh, _common(m, sh))
 
 
 def ssd_scan_bytes(m: ModelSpec, sh: Shape) -> float:
