@@ -177,6 +177,44 @@ def test_a_training_step_reads_nothing_on_the_host(one_rank, workload):
     assert math.isfinite(metrics.grad_norm) and metrics.grad_norm > 0
 
 
+@pytest.mark.parametrize("workload", ["pretrain_qwen3", "pretrain_deepseek_v3"])
+def test_an_moe_step_on_the_grouped_gemm_path_reads_nothing_on_the_host(one_rank, monkeypatch,
+                                                                        workload):
+    """The MoE step as a Hopper GPU runs it (issue 35): one bf16 rank keeps fp32 master
+    weights under bf16 autocast, and the path selection, told the device is CUDA of
+    capability 9.0 with torch._grouped_mm, picks the grouped GEMM for every MoE layer
+    (the step's real dtypes decide; here torch's CPU _grouped_mm runs it). Then the
+    whole step (router, counts, grouped GEMMs, combine, balance loss, DeepSeek-V3's
+    bias load) reads nothing on the host: the loop's split sizes were the MoE's only
+    read. tests/test_moe_experts.py checks the same layers operator by operator for
+    those that sync a GPU without a read on a CPU (bincount, nonzero, ...)."""
+    from trainbench.engine.models import moe as moe_mod
+    real, chosen = moe_mod.expert_path, []
+
+    def as_on_hopper(device_type, dtype, **facts):
+        path = real("cuda", dtype, **dict(facts, grouped_mm_kernel=True, capability=(9, 0)))
+        chosen.append(path)
+        return path
+    monkeypatch.setattr(moe_mod, "expert_path", as_on_hopper)
+    trainer = one_rank(workload, "bf16")
+    assert isinstance(trainer.compute_context(), torch.autocast)  # fp32 weights, bf16 GEMMs
+    reads, loss_sum, grad_norm = _step_reads(trainer, 0)
+    assert chosen and set(chosen) == {"grouped"}, chosen
+    assert reads == [], "\n".join(reads)
+    assert torch.isfinite(loss_sum) and torch.isfinite(grad_norm)
+
+
+def test_an_mxfp8_moe_step_reads_nothing_on_the_host(one_rank):
+    """MXFP8 experts (torchao's grouped GEMM, emulated on a CPU) with their token groups
+    padded by the engine: torchao's own padding, which reads the group sizes on the host
+    off Blackwell, is off (float8.mx_config), and the step reads nothing."""
+    pytest.importorskip("torchao.prototype.moe_training")
+    trainer = one_rank("pretrain_qwen3", "mxfp8")
+    reads, loss_sum, _ = _step_reads(trainer, 0)
+    assert reads == [], "\n".join(reads)
+    assert torch.isfinite(loss_sum)
+
+
 def test_a_bf16_step_with_recompute_and_a_chunked_loss_reads_nothing_on_the_host(
         one_rank, monkeypatch):
     """Autocast, checkpointed blocks (recomputed inside the backward) and the chunked

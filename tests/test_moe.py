@@ -224,7 +224,8 @@ def test_mxfp8_experts_quantise_the_grouped_gemm():
     """With the MX training wrappers the engine puts on the experts (float8.mx_config:
     torchao's MXFP8 grouped GEMM, emulated on a CPU), grouped_swiglu takes
     torch._grouped_mm on a CPU too, with groups of any size (here 0, 5, 37 and 22 rows:
-    padded to 32 for the weight gradient). The result is the fp32 expert loop's within
+    grouped_swiglu pads them to multiples of 32 for the weight gradient, torchao's own
+    padding off). The result is the fp32 expert loop's within
     MXFP8's rounding and far from bf16's: e4m3 keeps 3 mantissa bits (an element rounds
     by up to 6.25%), and the three chained GEMMs quantise the input, the weights and the
     SwiGLU product (measured 6.4% relative error; the same rows in bf16, 0.5%). The

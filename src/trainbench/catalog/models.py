@@ -131,6 +131,24 @@ class ModelSpec:
             return self.with_pattern(cut_pattern(self.pattern, layers))
         return replace(self, layers=layers)
 
+    def with_experts(self, experts: int) -> "ModelSpec":
+        """The same model with `experts` routed experts of the same width, each token still
+        routed to top_k of them: the FLOPs per token stay, the parameters shrink (a
+        one-GPU proxy of a model whose experts do not fit). Group-limited routing keeps
+        its groups where they still split the experts evenly and leave top_k of them
+        eligible, else it is off (n_group = topk_group = 1). ValueError for a dense model
+        or fewer experts than top_k."""
+        if not self.is_moe:
+            raise ValueError(f"{self.name} has no experts; only MoE models (Qwen3 MoE, "
+                             "DeepSeek-V3) have experts to set")
+        if experts < self.top_k:
+            raise ValueError(f"{self.name} routes each token to top_k = {self.top_k} experts; "
+                             f"it needs at least {self.top_k}")
+        n_group, topk_group = self.n_group, self.topk_group
+        if experts % n_group or experts // n_group * topk_group < self.top_k:
+            n_group = topk_group = 1
+        return replace(self, n_routed_experts=experts, n_group=n_group, topk_group=topk_group)
+
     def with_pattern(self, pattern: str) -> "ModelSpec":
         """The same width with another layer pattern (hybrids only); ValueError for a
         character that is no layer kind."""

@@ -117,7 +117,7 @@ def candidate_overrides(workload: str, size: str, scale: int, gpu_type: str,
     each of `dp_shardings` where it differs (not under PP, which gathers once a step
     either way, nor without data or context parallel ranks to shard over)."""
     model = get_model(workload, size)
-    model = shape_model(model, fixed.get("layers"), fixed.get("pattern"))
+    model = shape_model(model, fixed.get("layers"), fixed.get("pattern"), fixed.get("experts"))
     per_node = fixed.get("gpus_per_node")
     if per_node is None and gpu_type != hardware.CPU:
         gpu = hardware.get_gpu(gpu_type)

@@ -7,8 +7,11 @@ losses, the dropless grouped expert computation, and the `MoE` module that ties 
 Dropless: every token goes to exactly `top_k` routed experts, whatever the load; no
 capacity factor, no token is ever dropped. Token-to-expert assignments are sorted by
 expert so that each expert multiplies one contiguous block of rows: with
-`torch._grouped_mm` on a CUDA GPU that has it, one grouped GEMM per projection; on any
-other device a loop over the experts (the same arithmetic, expert by expert).
+`torch._grouped_mm` on a CUDA GPU that has it, one grouped GEMM per projection, in the
+compute dtype whatever the master weights' dtype, with no host read; on any other
+device a loop over the experts (the same arithmetic, expert by expert, O(E f h) in
+backward). torchao's FP8/MXFP8 experts take the grouped GEMM with their token groups
+padded here, on the device (`expert_path`, `pad_token_groups`; docs/moe.md).
 
 Nothing in here knows of parallelism: expert parallelism replaces `compute_experts`
 from engine/parallel/ep.py. The balance loss is not returned through `forward` (which keeps the common
@@ -79,6 +82,15 @@ def sigmoid_topk(logits: torch.Tensor, k: int, bias: torch.Tensor, n_group: int,
 # --------------------------------------------------------------- balance losses
 
 
+def expert_counts(ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Assignments per expert (int64 [n_experts]) of expert ids of any shape. A scatter-add,
+    not torch.bincount: CUDA's bincount reads the largest id on the host to size its
+    output, a sync in the middle of every MoE layer."""
+    flat = ids.flatten()
+    return torch.zeros(n_experts, dtype=torch.int64, device=ids.device).scatter_add_(
+        0, flat, torch.ones_like(flat))
+
+
 def switch_balance_loss(probs: torch.Tensor, ids: torch.Tensor, n_experts: int,
                         counts_of=None) -> torch.Tensor:
     """E * sum_i f_i * P_i over all T tokens (Switch Transformer, Fedus et al. 2021, eq. 4;
@@ -88,7 +100,7 @@ def switch_balance_loss(probs: torch.Tensor, ids: torch.Tensor, n_experts: int,
 
     `counts_of` maps the assignment counts to those of the whole sequences (MoE's
     `sequence_counts`); P stays the mean over the tokens given."""
-    counts = torch.bincount(ids.flatten(), minlength=n_experts).float()
+    counts = expert_counts(ids, n_experts).float()
     if counts_of is not None:
         counts = counts_of(counts)
     f = counts / counts.sum()
@@ -135,47 +147,135 @@ class _AddAuxLossGrad(torch.autograd.Function):
 
 # ---------------------------------------------------------------- expert compute
 
+GROUPED_MM_CAPABILITY = (9, 0)
+"""torch._grouped_mm has its own CUDA kernels from Hopper (sm_90) on; on older GPUs (and
+on a CPU) it loops over the groups on the host, after copying the offsets there."""
+GROUP_ALIGNMENT = {"Float8TrainingWeightWrapperTensor": 16,
+                   "MXFP8TrainingWeightWrapperTensor": 32}
+"""Rows per expert group that torchao's low-precision grouped GEMMs need, by the wrapper
+type of the weights (engine/parallel/float8.py wrap_experts): FP8 rowwise's
+torch._scaled_grouped_mm wants each group's rows a multiple of 16 (they are the
+contraction dimension of the weight gradient); MXFP8 scales blocks of 32 along it."""
 
-def _grouped_mm_available(x: torch.Tensor) -> bool:
-    # torch._grouped_mm runs on CUDA GPUs with bf16; its CPU path (where present) wants
-    # 16-byte aligned strides that tiny shapes do not have, so the loop serves elsewhere.
-    return (x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-            and torch.cuda.get_device_capability(x.device) >= (9, 0))
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the expert GEMMs run in: autocast's where autocast is on for x's device
+    (a one-rank bf16 run: fp32 master weights and activations), else x's own."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+def expert_path(device_type: str, dtype: torch.dtype, *, grouped_mm_kernel: bool,
+                capability: tuple[int, int] | None, low_precision: bool) -> str:
+    """Which expert computation runs, as a pure function of the facts it depends on:
+    'grouped' (one torch._grouped_mm per projection, no host read) or 'loop' (expert by
+    expert; the row counts are read on the host once per layer).
+
+    `dtype` is the compute dtype (compute_dtype: autocast's, whatever the master weights'
+    dtype), `grouped_mm_kernel` whether this torch has torch._grouped_mm, `capability`
+    the CUDA device's (None elsewhere). torchao's low-precision wrappers always take the
+    grouped GEMM (their MXFP8 emulation runs on any device)."""
+    if low_precision:
+        return "grouped"
+    if (device_type == "cuda" and grouped_mm_kernel and capability is not None
+            and tuple(capability) >= GROUPED_MM_CAPABILITY and dtype == torch.bfloat16):
+        return "grouped"
+    return "loop"
+
+
+def _expert_path_for(x: torch.Tensor, w: torch.Tensor) -> str:
+    return expert_path(x.device.type, compute_dtype(x),
+                       grouped_mm_kernel=hasattr(torch, "_grouped_mm"),
+                       capability=(torch.cuda.get_device_capability(x.device) if x.is_cuda
+                                   else None),
+                       low_precision=_low_precision(w))
 
 
 def _low_precision(w: torch.Tensor) -> bool:
     """A weight that torchao's FP8 or MXFP8 training wraps (engine/parallel/float8.py
     wrap_experts): its grouped GEMM quantises both operands (MXFP8 on any device,
     emulated off Blackwell; FP8 on CUDA only)."""
-    return type(w).__name__.endswith("TrainingWeightWrapperTensor")
+    return type(w).__name__ in GROUP_ALIGNMENT
+
+
+def pad_token_groups(counts: torch.Tensor, alignment: int, rows: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each of `rows` rows sorted by expert (counts [E]) goes when every expert's
+    group is padded up to a multiple of `alignment` rows: (destination row of each row
+    [rows] int64, the padded groups' end offsets [E] int32, the padded row count).
+
+    No host read: the padded row count is the static bound round_up(rows +
+    min(E, rows) * (alignment - 1), alignment), so the shapes never depend on the
+    routing; rows past the last group's end belong to no group (the grouped GEMMs
+    neither read them nor write them: their values stay undefined and are never read
+    back), and a padding row inside a group is zero."""
+    E = counts.numel()
+    counts = counts.to(torch.int64)
+    padded = (counts + alignment - 1) // alignment * alignment
+    ends, padded_ends = torch.cumsum(counts, 0), torch.cumsum(padded, 0)
+    row = torch.arange(rows, device=counts.device)
+    expert = torch.searchsorted(ends, row, right=True)  # expert of each sorted row
+    dest = row + (padded_ends - padded - ends + counts)[expert]  # + padded start - start
+    bound = rows + min(E, rows) * (alignment - 1)
+    return dest, padded_ends.to(torch.int32), -(-bound // alignment) * alignment
+
+
+def _grouped_swiglu(x: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                    w2: torch.Tensor) -> torch.Tensor:
+    """One torch._grouped_mm per projection over rows grouped by `offs` (group ends).
+    The weights are passed transposed, [E, in, out] column-major, as the FP8 forms want."""
+    def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
+    return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
+
+
+def _loop_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                 w2: torch.Tensor) -> torch.Tensor:
+    """Expert by expert, for devices without a grouped GEMM. Each weight is split into its
+    experts once (`unbind`): its backward stacks the E expert gradients once, O(E f h).
+    Indexing the parameter inside the loop (`w1[e]`) would cost a whole [E, f, h] zero
+    gradient per expert in backward, O(E^2 f h) per layer."""
+    # One host read of the counts per layer: the loop needs the split sizes.
+    sizes = counts.tolist()
+    experts = zip(w1.unbind(0), w3.unbind(0), w2.unbind(0))
+    outs = [(F.silu(rows @ g.T) * (rows @ u.T)) @ d.T
+            for rows, (g, u, d) in zip(x.split(sizes), experts) if rows.shape[0]]
+    return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[1])
 
 
 def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                    w2: torch.Tensor, grouped_mm: bool | None = None) -> torch.Tensor:
     """SwiGLU of rows x [N, d] sorted by expert, expert e taking the next counts[e] rows:
     (silu(x W1_e^T) * x W3_e^T) W2_e^T with W1, W3 [E, f, d] and W2 [E, d, f], each
-    expert's weight [out, in] as an nn.Linear's (and Hugging Face's) is. Passed to
-    torch._grouped_mm transposed, the weights are column-major, as its FP8 forms want.
+    expert's weight [out, in] as an nn.Linear's (and Hugging Face's) is.
 
-    `grouped_mm` forces one path (tests compare them); None picks by the device, and
-    low-precision (MXFP8) weights always take it."""
+    The GEMMs run in the compute dtype (compute_dtype): x and each weight are cast to it
+    once per call, as autocast would cast them per GEMM, and autocast is off inside (the
+    casts are done). torchao's FP8/MXFP8 wrappers quantise on their own; their token
+    groups are padded here to the multiple their GEMMs need (GROUP_ALIGNMENT), without a
+    host read, and the padding rows dropped from the output.
+
+    `grouped_mm` forces one path (tests compare them); None picks by expert_path."""
     if x.shape[0] == 0:
         return x.new_zeros(0, w2.shape[1])
+    low = _low_precision(w1)
     if grouped_mm is None:
-        grouped_mm = _grouped_mm_available(x) or _low_precision(w1)
-    if grouped_mm:
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
-
-        def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-            w = w if _low_precision(w) else w.to(a.dtype)
-            return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
-        return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
-    outs = []
-    # One host read of the counts per layer: the loop needs the split sizes.
-    for e, rows in enumerate(x.split(counts.tolist())):
-        if rows.shape[0]:
-            outs.append((F.silu(rows @ w1[e].T) * (rows @ w3[e].T)) @ w2[e].T)
-    return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[1])
+        grouped_mm = _expert_path_for(x, w1) == "grouped"
+    dtype = compute_dtype(x)
+    x = x.to(dtype)
+    if not low:
+        w1, w3, w2 = (w.to(dtype) for w in (w1, w3, w2))
+    with torch.autocast(x.device.type, enabled=False):
+        if not grouped_mm:
+            return _loop_swiglu(x, counts, w1, w3, w2)
+        alignment = GROUP_ALIGNMENT.get(type(w1).__name__)
+        if alignment is None:
+            return _grouped_swiglu(x, torch.cumsum(counts, 0, dtype=torch.int32), w1, w3, w2)
+        dest, offs, rows = pad_token_groups(counts, alignment, x.shape[0])
+        padded = x.new_zeros(rows, x.shape[1]).index_copy(0, dest, x)
+        return _grouped_swiglu(padded, offs, w1, w3, w2).index_select(0, dest)
 
 
 # ------------------------------------------------------------------------ module
@@ -269,7 +369,7 @@ class MoE(nn.Module):
         if x.is_meta:
             # A shape-only pass: pipeline stages of older torch releases (before the 2.13
             # here) infer their output shapes by running the stage on the meta device.
-            # Routing needs the token values (bincount has no meta kernel); the output
+            # Routing needs the token values (topk picks by them); the output
             # has x's shape.
             return torch.empty_like(x)
         b, s, h = x.shape
@@ -277,13 +377,16 @@ class MoE(nn.Module):
         weights, ids, scores = self.route(tokens)
         k = self.top_k
         flat_ids = ids.flatten()
-        counts = torch.bincount(flat_ids, minlength=self.n_experts)
+        counts = expert_counts(flat_ids, self.n_experts)
         if self.training and torch.is_grad_enabled() and self.spec.bias_update_speed:
             self.expert_load += counts.to(self.expert_load.dtype)
         # Sort the T*k (token, slot) pairs by expert: each expert's rows become contiguous.
         order = torch.argsort(flat_ids, stable=True)
         token_of = order // k
-        expert_out = self.compute_experts(tokens[token_of], counts)
+        # Rows in the experts' compute dtype before the gather (and EP's all-to-all):
+        # under autocast a cast of the T tokens, not of the T*k rows.
+        rows = tokens.to(compute_dtype(tokens))[token_of]
+        expert_out = self.compute_experts(rows, counts)
         gate = weights.flatten()[order].unsqueeze(-1).to(expert_out.dtype)
         out = torch.zeros_like(tokens, dtype=expert_out.dtype).index_add_(
             0, token_of, expert_out * gate)

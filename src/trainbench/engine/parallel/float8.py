@@ -115,8 +115,10 @@ def mx_config(backend: str):
     """One MX training config for the linears and the experts (torchao wants every wrapper
     tensor of a model to share it). Dropless routing gives each expert any number of
     rows, and MX scales blocks of 32 along the rows in the experts' weight gradient: the
-    groups are padded to multiples of 32 (`pad_token_groups_for_grouped_mm`; no effect
-    on a linear)."""
+    engine pads each expert's group to a multiple of 32 (engine/models/moe.py
+    pad_token_groups, no host read), so torchao's own padding
+    (`pad_token_groups_for_grouped_mm`, which reads the group sizes on the host off
+    Blackwell) stays off, as torchtitan leaves it."""
     from dataclasses import replace
 
     from torchao.prototype.moe_training.config import (MXFP8TrainingOpConfig,
@@ -124,7 +126,17 @@ def mx_config(backend: str):
     recipe = (MXFP8TrainingRecipe.MXFP8_RCEIL if backend == "nccl"
               else MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL)
     return replace(MXFP8TrainingOpConfig.from_recipe(recipe),
-                   pad_token_groups_for_grouped_mm=True)
+                   pad_token_groups_for_grouped_mm=False)
+
+
+def fp8_expert_config():
+    """torchao's FP8 rowwise grouped GEMM config for the experts. Its own token-group
+    padding stays off: torchao 0.18's `_Float8GroupedMM` asserts that it is
+    (`pad_token_groups_for_grouped_mm=True is not yet supported`); the engine pads each
+    expert's group to a multiple of 16 instead (engine/models/moe.py pad_token_groups),
+    without a host read, as torchtitan's token dispatcher does."""
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    return Float8TrainingOpConfig(pad_token_groups_for_grouped_mm=False)
 
 
 def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
@@ -136,9 +148,8 @@ def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
     mxfp8: mx_config, shared with the linears; off Blackwell torchao's emulation.
     fp8: torchao's float8 grouped GEMM (rowwise scales, the only recipe it has): Triton
     kernels quantise, torch._scaled_grouped_mm multiplies, so CUDA only (plan validation
-    refuses FP8 MoE on a CPU); its groups are padded to multiples of 16, the alignment
-    the FP8 grouped GEMM wants, for the same reason as mx_config's."""
-    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    refuses FP8 MoE on a CPU); fp8_expert_config. Either way grouped_swiglu pads the
+    token groups (16 rows for FP8, 32 for MXFP8) and torchao's padding is off."""
     from torchao.prototype.moe_training.tensor import (Float8TrainingWeightWrapperTensor,
                                                        MXFP8TrainingWeightWrapperTensor)
 
@@ -148,7 +159,7 @@ def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
         recipe = "mxfp8 (torchao grouped GEMM)"
     else:
         wrapper = Float8TrainingWeightWrapperTensor
-        config = Float8TrainingOpConfig(pad_token_groups_for_grouped_mm=True)
+        config = fp8_expert_config()
         recipe = "fp8 rowwise (torchao grouped GEMM)"
     for moe in moe_layers(model):
         for name in ("w1", "w3", "w2"):
