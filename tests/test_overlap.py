@@ -51,6 +51,8 @@ def test_explicit_prefetch_changes_no_bit_and_is_recorded(dp2_runs):
         "forward_prefetch": "next block", "backward_prefetch": "previous block",
         "reshard_after_forward": "all blocks but the last; root kept gathered",
         "param_dtype": "float32", "reduce_dtype": "float32", "dp_sharding": "full",
+        "dp_sharding_chosen_by": "default",
+        "dp_sharding_label": "full, fp32 gradients (default)",
         "gradients_reduced": "every microbatch"}
     assert run_info(off)["fsdp"]["forward_prefetch"] == "FSDP2 default"
     assert run_info(off)["fsdp"]["reshard_after_forward"] == "all blocks; root kept gathered"
@@ -127,5 +129,6 @@ def test_ring_context_parallel_is_accepted_on_gpus_and_kept_in_plan_json():
     again = planmod.Plan.from_dict(json.loads(plan.to_json()))
     assert (again.cp_impl, again.reduce_dtype, again.fsdp_prefetch) == ("ring", "bf16", False)
     defaults = planmod.build_plan(WORKLOAD, "8b", "bf16", 8, "h100")
+    # bf16 gradients: a Megatron recipe row's own (plan.recipe_sharding).
     assert (defaults.cp_impl, defaults.reduce_dtype, defaults.fsdp_prefetch,
-            defaults.async_tp) == ("allgather", "fp32", True, False)
+            defaults.async_tp) == ("allgather", "bf16", True, False)

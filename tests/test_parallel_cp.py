@@ -48,11 +48,14 @@ def _attention_worker(rank: int, world: int, init_file: str, out_dir: str) -> No
     v = torch.randn(b, kv_heads, seq, dim, generator=gen)
     weight = torch.randn(b, heads, seq, dim, generator=gen)  # a loss that weighs every output
 
-    local = [shard_sequence(t, world, rank, dim=2).requires_grad_() for t in (q, k, v)]
-    out = context_parallel_attention(*local, dist.group.WORLD)
-    (out * shard_sequence(weight, world, rank, dim=2)).sum().backward()
-    torch.save({"out": out.detach(), "grads": [t.grad for t in local]},
-               os.path.join(out_dir, f"rank{rank}.pt"))
+    for keep_shard in (False, True):
+        # keep_shard: the backward gathers the keys and values again (the engine's default
+        # without recompute); the same outputs and gradients either way.
+        local = [shard_sequence(t, world, rank, dim=2).requires_grad_() for t in (q, k, v)]
+        out = context_parallel_attention(*local, dist.group.WORLD, keep_shard=keep_shard)
+        (out * shard_sequence(weight, world, rank, dim=2)).sum().backward()
+        torch.save({"out": out.detach(), "grads": [t.grad for t in local]},
+                   os.path.join(out_dir, f"rank{rank}{'-shard' if keep_shard else ''}.pt"))
     dist.destroy_process_group()
     leave_spawned_rank()
 
@@ -70,8 +73,8 @@ def test_all_gather_attention_matches_full_causal_attention_and_its_gradients(tm
     weight = torch.randn(b, heads, seq, dim, generator=gen)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     (ref * weight).sum().backward()
-    for rank in range(world):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    for rank, kept in [(r, k) for r in range(world) for k in ("", "-shard")]:
+        got = torch.load(tmp_path / f"rank{rank}{kept}.pt")
         torch.testing.assert_close(got["out"], shard_sequence(ref.detach(), world, rank, dim=2),
                                    atol=ATOL, rtol=0)
         # k and v gradients gather what every rank's queries sent back (reduce-scatter).

@@ -152,25 +152,34 @@ def test_calibrate_with_no_runs_fails_cleanly(tmp_path, cluster_config):
 
 
 def test_the_engines_other_shardings_are_shown_beside_its_default():
-    """Nemotron-H 56B FP8 on 64 H100 (TP8 DP8, 24 microbatches) as the engine runs it:
-    fully sharded, every microbatch gathers the weights twice over the network. predict
-    shows the other two shardings beside it: gathering once a step is faster, and the one
-    that also keeps the gradients whole holds more than an H100 has."""
+    """Nemotron-H 56B FP8 on 64 H100 (TP8 DP8, 24 microbatches), a Megatron recipe row:
+    the engine runs it as the distributed optimizer with bf16 gradients (the recipe's own
+    state sharding, which fits; plan.recipe_sharding), gathering the weights once a step.
+    predict shows the other two shardings beside it: both hold less and move more."""
     args = ("-w", "pretrain_nemotronh", "-s", "56b", "--dtype", "fp8", "--scale", "64",
             "--format", "json")
     data = json.loads(invoke(*args).stdout)
+    assert data["fits"]
     alternatives = {a["dp_sharding"]: a for a in data["dp_sharding_alternatives"]}
-    assert set(alternatives) == {"gradients", "optimizer"}
-    kept, once = alternatives["gradients"], alternatives["optimizer"]
-    assert once["step_time_s"] < kept["step_time_s"] < data["step_time_s"]
-    assert data["memory_gib"] < kept["memory_gib"] < once["memory_gib"]
-    assert data["fits"] and kept["fits"] and once["fits"] is False
+    assert set(alternatives) == {"gradients", "full"}
+    kept, full = alternatives["gradients"], alternatives["full"]
+    assert data["step_time_s"] < kept["step_time_s"] < full["step_time_s"]
+    assert full["memory_gib"] < kept["memory_gib"] < data["memory_gib"]
+    assert kept["fits"] and full["fits"]
     # Chosen with --set, or the recipe's framework: nothing to compare.
     chosen = json.loads(invoke(*args, "--set", "dp_sharding=gradients").stdout)
     assert "dp_sharding_alternatives" not in chosen
     assert chosen["step_time_s"] == pytest.approx(kept["step_time_s"])
     recipe = json.loads(invoke(*args, "--sharding", "recipe").stdout)
     assert recipe["dp_sharding_alternatives"] == []
+    # With fp32 gradients (--set) the whole gradients hold twice the bytes, and the
+    # distributed optimizer still fits: sequence parallelism keeps only the shard of each
+    # gathered input (engine/parallel/tp.py), where it kept the whole sequence and needed
+    # 83.3 GiB.
+    fp32 = json.loads(invoke(*args, "--set", "reduce_dtype=fp32").stdout)
+    assert {a["dp_sharding"] for a in fp32["dp_sharding_alternatives"]} == {"gradients",
+                                                                           "full"}
+    assert fp32["fits"] and fp32["memory_gib"] > data["memory_gib"]
 
 
 GB300_ROW = ("-w", "pretrain_llama3.1", "-s", "70b", "--dtype", "fp8", "--scale", "64",

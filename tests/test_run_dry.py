@@ -90,12 +90,40 @@ def test_run_and_predict_print_the_same_peak_memory(tmp_path, workload, size, dt
 
 def test_predict_can_still_assume_the_published_recipe(tmp_path):
     # The seeds ran Megatron's distributed optimizer: bf16 weights and gradients on every
-    # rank, so the same plan needs more memory there than under FSDP2.
+    # rank. The engine runs a recipe row the same way where it fits (plan.recipe_sharding),
+    # so the two figures are close; fully sharded (FSDP2 as ZeRO-3) it needs less.
     common = ("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8")
     engine = run_cli("predict", *common, root=tmp_path)
+    full = run_cli("predict", *common, "--set", "dp_sharding=full", root=tmp_path)
     recipe = run_cli("predict", *common, "--sharding", "recipe", root=tmp_path)
-    assert engine.returncode == recipe.returncode == 0, engine.stderr + recipe.stderr
+    assert engine.returncode == recipe.returncode == full.returncode == 0, (
+        engine.stderr + recipe.stderr + full.stderr)
     assert "distributed optimizer (the recipe)" in recipe.stdout
     (engine_gib,) = PREDICT_PEAK.findall(engine.stdout)
+    (full_gib,) = PREDICT_PEAK.findall(full.stdout)
     (recipe_gib,) = PREDICT_PEAK.findall(recipe.stdout)
-    assert float(recipe_gib) > float(engine_gib)
+    assert float(engine_gib) == pytest.approx(float(recipe_gib), rel=0.1)
+    assert float(recipe_gib) > float(full_gib)
+
+
+def test_run_refuses_a_plan_predicted_not_to_fit_unless_forced(tmp_path):
+    args = ("run", "-w", "pretrain_llama3.1", "-s", "405b", "--scale", "64", "--gpu", "h100",
+            "--set", "tp=8 pp=8 cp=1 dp=1 gbs=64")
+    res = run_cli(*args, root=tmp_path, env={"PATH": str(tmp_path / "no-bin")})
+    assert res.returncode == 2
+    assert "predicted not to fit" in res.stderr and "--force" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+    assert not (tmp_path / "experiments").exists()
+    # --force goes on to the next check (this machine has no GPU).
+    forced = run_cli(*args, "--force", root=tmp_path, env={"PATH": str(tmp_path / "no-bin")})
+    assert forced.returncode == 2 and "predicted not to fit" not in forced.stderr
+    assert "no NVIDIA GPU" in forced.stderr
+
+
+def test_dry_run_says_the_recipe_rows_state_sharding(tmp_path):
+    res = run_cli("run", "-w", "pretrain_llama3.1", "-s", "70b", "--scale", "64", "--gpu",
+                  "h100", "--dry-run", root=tmp_path)
+    assert res.returncode == 0, res.stderr
+    flat = " ".join(res.stdout.split())
+    assert "data-parallel sharding: optimizer, bf16 gradients" in flat
+    assert "DOES NOT FIT" not in flat

@@ -137,6 +137,11 @@ class Plan:
     and AdamW's moments stay sharded: the memory layout of Megatron's distributed
     optimizer, which the NeMo seeds ran. A pipeline runs as 'optimizer' under any of them
     (torch's schedules defer resharding and reduction to the last microbatch)."""
+    dp_sharding_source: str = "default"
+    """What chose dp_sharding and reduce_dtype: 'default' (the engine's defaults, 'full'
+    and fp32), 'set' (--set gave either) or 'recipe' (a Megatron recipe row's own state
+    sharding, recipe_sharding: the closest to Megatron's distributed optimizer that the
+    memory model says fits). dp_sharding_label says it in words."""
     async_tp: bool = False
     """Asynchronous tensor parallel (inductor's micro-pipelined TP); CUDA, NCCL, compile."""
     cp_impl: str = "allgather"
@@ -235,8 +240,8 @@ class Plan:
 # --- overrides --------------------------------------------------------------------------
 
 LAYOUT_KEYS = ("tp", "pp", "cp", "ep", "dp", "vp", "dp_shard")
-INT_KEYS = LAYOUT_KEYS + ("mbs", "gbs", "seq_len", "layers", "steps", "warmup_steps", "seed",
-                          "gpus_per_node")
+INT_KEYS = LAYOUT_KEYS + ("mbs", "gbs", "seq_len", "layers", "experts", "steps",
+                          "warmup_steps", "seed", "gpus_per_node")
 FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
 CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES,
                "reduce_dtype": ("fp32", "bf16"), "cp_impl": ("allgather", "ring"),
@@ -323,10 +328,16 @@ def parse_overrides(items: list[str]) -> dict[str, object]:
 # --- building ---------------------------------------------------------------------------
 
 def shape_model(model: ModelSpec, layers: int | None = None,
-                pattern: str | None = None) -> ModelSpec:
-    """The model with `--set layers=N` or `--set pattern=...` applied; PlanError (one
-    line) for a pattern of unknown layer kinds, on a model without one, longer than the
-    model's own when cut by layers=N, or disagreeing with layers=N."""
+                pattern: str | None = None, experts: int | None = None) -> ModelSpec:
+    """The model with `--set layers=N`, `--set pattern=...` or `--set experts=N` applied;
+    PlanError (one line) for a pattern of unknown layer kinds, on a model without one,
+    longer than the model's own when cut by layers=N, or disagreeing with layers=N, and
+    for experts on a dense model or below top_k (ModelSpec.with_experts)."""
+    if experts is not None:
+        try:
+            model = model.with_experts(experts)
+        except ValueError as err:
+            raise PlanError([f"--set experts={experts}: {err}"]) from None
     if pattern is not None:
         if not model.is_hybrid:
             raise PlanError([f"--set pattern: {model.name} has no layer pattern (only hybrid "
@@ -347,6 +358,15 @@ def shape_model(model: ModelSpec, layers: int | None = None,
                          f"{len(model.pattern)} layers, and layers=N keeps at most that many "
                          "in its mix of kinds; --set pattern=... gives any other pattern"])
     return model.with_layers(layers)
+
+
+def proxy_shape(model: ModelSpec) -> str:
+    """What a proxy keeps of its model, for the plan's note: depth and, for an MoE, the
+    routed experts."""
+    shape = f"{model.layers} layer" + ("s" if model.layers != 1 else "")
+    if model.is_moe:
+        shape += f", {model.n_routed_experts} routed experts, top {model.top_k}"
+    return shape
 
 
 def pipeline_layers(model: ModelSpec) -> int:
@@ -450,19 +470,26 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         # A layout given in full with --set needs no recipe row at this scale: start
         # from the nearest row and let validation check the result.
         rows = recipes.rows_for(workload, size, row_dtype)
-        if not rows and not recipes.rows_for(workload, size):
-            # A size with no recipe at all (the MoE models' real sizes): the layout given
-            # with --set is the whole plan; batch sizes default to one sequence per rank.
+        if not rows:
+            # No recipe in this dtype (Qwen3 30B-A3B in bf16) or none at all: the layout
+            # given with --set is the whole plan; batch sizes default to one sequence per
+            # rank.
             rows = [recipes.RecipeRow(
                 workload, size, row_dtype, gpu_type, scale, model.seq_len, pipeline_layers(model),
-                1, 1, 1, 1, scale, 1, 1, scale, 1, "--set (no published recipe)")]
-        if not rows:
-            raise PlanError([str(err)]) from None
+                1, 1, 1, 1, scale, 1, 1, scale, 1, f"--set (no published {row_dtype} recipe)")]
         row = min(rows, key=lambda r: abs(r.gpus - scale))
         row = replace(row, gpus=scale, note=f"layout from --set (no recipe row at scale {scale})")
 
-    if "layers" in overrides or "pattern" in overrides:
-        model = shape_model(model, overrides.pop("layers", None), overrides.pop("pattern", None))
+    if overrides.keys() & {"layers", "pattern", "experts"}:
+        model = shape_model(model, overrides.pop("layers", None), overrides.pop("pattern", None),
+                            overrides.pop("experts", None))
+        published = get_model(workload, size)
+        if not published.is_hybrid:
+            published = published.with_layers(row.layers)
+        if row.source != recipes.TINY and model != published:
+            row = replace(row, note=row.note + ("; " if row.note else "")
+                          + f"a proxy of {get_model(workload, size).name} ({proxy_shape(model)}):"
+                          " no published reference")
     elif not model.is_hybrid and row.layers != model.layers:
         model = model.with_layers(row.layers)  # the 405B proxies
 
@@ -512,7 +539,71 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     problems = validate(plan, scale, gpu)
     if problems:
         raise PlanError(problems)
-    return plan
+    if not (megatron_recipe_row(plan) and gpu is not None):
+        return replace(plan, dp_sharding_source="set") if "dp_sharding" in overrides else plan
+    return recipe_sharding(plan, choose_sharding="dp_sharding" not in overrides,
+                           choose_dtype="reduce_dtype" not in overrides)
+
+
+MEGATRON_SHARDINGS = ("optimizer", "gradients", "full")
+"""The engine's data-parallel shardings, closest to Megatron's distributed optimizer
+(ZeRO-1: only the fp32 master weights and Adam's moments sharded) first."""
+
+
+def megatron_recipe_row(plan: Plan) -> bool:
+    """A plan from a published recipe that Megatron-LM ran (NeMo, Megatron-Bridge): not
+    MaxText's FSDP (Llama 2), not a tiny proxy, not a layout given without a row."""
+    return (plan.recipe_source not in (recipes.SEED_LLAMA2, recipes.TINY)
+            and not plan.recipe_source.startswith("--set"))
+
+
+def recipe_sharding(plan: Plan, choose_sharding: bool = True, choose_dtype: bool = True
+                    ) -> Plan:
+    """The state sharding a Megatron recipe row ran, as near as the engine comes to it
+    (what --set did not give): bf16 gradients (`choose_dtype`; NeMo's performance recipes
+    set `grad_reduce_in_fp32 = False`, e.g. nemo/collections/llm/recipes/llama3_70b.py
+    and nemotron4_340b.py, `pretrain_performance_optimizations`; the NeMo Launcher's
+    Nemotron-4 340B config `optim.grad_sync_dtype: bf16`) and the first of
+    MEGATRON_SHARDINGS that `trainbench predict`'s memory model of the engine says fits
+    the GPU (`choose_sharding`). Under PP the engine runs as 'optimizer' whatever the
+    setting (torch's schedules gather once a step and reduce once), so that is what it
+    is called. Where none fits, 'full' (the least memory), which `run` then refuses
+    without --force."""
+    from .predict.memory import predict_memory  # pure Python: the memory model of this plan
+    base = replace(plan, reduce_dtype="bf16") if choose_dtype else plan
+    if not choose_sharding:
+        return replace(base, dp_sharding_source="set")
+    base = replace(base, dp_sharding_source="recipe")
+    if plan.layout.pp > 1:
+        return base  # runs as 'optimizer' under any setting (weights_kept_gathered)
+    for choice in MEGATRON_SHARDINGS:
+        candidate = replace(base, dp_sharding=choice)
+        try:
+            m = predict_memory(candidate, sharding="engine")
+        except (LookupError, ValueError):
+            return replace(base, dp_sharding=plan.dp_sharding)
+        if m.fits is not False:
+            return candidate
+    return replace(base, dp_sharding="full")
+
+
+def dp_sharding_label(plan: Plan) -> str:
+    """'optimizer, bf16 gradients (the recipe's: ...)' and the like: the data-parallel
+    sharding and gradient dtype and what chose them, for --dry-run, the log and run.json."""
+    grads = "bf16" if plan.reduce_bytes == 2 else "fp32"
+    sharding = "optimizer" if plan.layout.pp > 1 else plan.dp_sharding
+    text = f"{sharding}, {grads} gradients"
+    if plan.layout.pp > 1:
+        text += " (a pipeline gathers the weights once a step and reduces once, whatever dp_sharding says)"
+        return text if plan.dp_sharding_source != "recipe" else text[:-1] + "; the recipe's gradient dtype)"
+    if plan.dp_sharding_source == "recipe":
+        why = ("the closest to Megatron's distributed optimizer that fits"
+               if plan.dp_sharding != "full" else
+               "none of optimizer / gradients fits; the least memory")
+        return f"{text} (the recipe's state sharding: {why})"
+    if plan.dp_sharding_source == "set":
+        return f"{text} (--set)"
+    return f"{text} (default)"
 
 
 def input_problems(scale: int, overrides: dict, steps: int,
@@ -529,6 +620,8 @@ def input_problems(scale: int, overrides: dict, steps: int,
             p.append(f"--set {key}={overrides[key]}: parallel degrees must be at least 1")
     if overrides.get("dp_shard", 0) < 0:
         p.append(f"--set dp_shard={overrides['dp_shard']}: must be 0 (all of dp) or more")
+    if "experts" in overrides and overrides["experts"] < 1:
+        p.append(f"--set experts={overrides['experts']}: an MoE needs at least 1 routed expert")
     if "layers" in overrides and overrides["layers"] < 1:
         p.append(f"--set layers={overrides['layers']}: a model needs at least 1 layer")
     for key in ("mbs", "gbs", "seq_len", "gpus_per_node"):

@@ -234,9 +234,12 @@ def _initialize_pipeline(trainer, inputs: torch.Tensor, labels: torch.Tensor) ->
     gradients with autograd.grad, and the tracker's hooks on a received (leaf) tensor
     cannot run there. Outside it nothing is lost: the inference is one microbatch's
     forward and backward before any buffer exists, which the traced step repeats with
-    more alive; its tensors are freed after it. The receive buffers the set-up leaves
-    (one per microbatch and stage, for activations and for gradients, alive all step)
-    are counted beside the traced peak, as the AdamW moments are."""
+    more alive; its tensors are freed after it. Any receive buffers the set-up leaves
+    alive all step (torch's own PipelineStage: one per microbatch and stage, for
+    activations and for gradients) are counted beside the traced peak, as the AdamW
+    moments are; the engine's stages leave none (engine/parallel/pp.py,
+    _ReceivingWhenNeeded): each is allocated when its receive is posted and let go after
+    its microbatch's backward, inside the trace, which counts it with the rest."""
     schedule = trainer.pipeline
     mbs = trainer.plan.mbs
     positions = trainer.positions().expand(mbs, -1)
@@ -397,10 +400,10 @@ def pipeline_trace_microbatches(plan: Plan) -> int:
     forwards in flight (1F1B: PP - rank; interleaved: (PP - rank - 1) x 2 + (VP - 1) x PP
     stage forwards) and every virtual stage's gradients allocated; later microbatches
     repeat it. Measured on Llama 3.1 8B cut to 8 layers over PP2 VP4
-    (tests/test_check.py): 2 x PP microbatches peak 0.28 GiB (1.5%) short of the
-    step's, 4 x PP at the step's peak to within 1 MiB. What does grow with the step's
-    microbatches, torch's receive buffers (one per microbatch and stage, alive all
-    step), is scaled to the step's count exactly (trace_rank)."""
+    (tests/test_check.py): 2 x PP microbatches peak short of the step's, 4 x PP at the
+    step's peak to within 1 MiB. Receive buffers kept all step, where a stage keeps them
+    (torch's own PipelineStage, not the engine's), are scaled to the step's count
+    (trace_rank)."""
     return min(plan.ga, 4 * plan.layout.pp)
 
 
@@ -480,7 +483,8 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
         (device_snapshot,) = snapshot.values()
         parts = {str(getattr(k, "value", k)): int(v) for k, v in device_snapshot.items()}
         total = parts.pop("Total")
-        # One buffer per microbatch and stage: the step's are the traced ones scaled.
+        # Buffers the set-up left alive all step, one per microbatch and stage (none with
+        # the engine's stages): the step's are the traced ones scaled.
         buffer_bytes = (sum(b.numel() * b.element_size() for b in buffers)
                         * step_microbatches // traced_plan.ga)
         out = {"rank": rank, "error": None,

@@ -193,6 +193,9 @@ class Trainer:
                      f"GBS {self.plan.gbs} GA {self.plan.ga}, {self.plan.dtype}, "
                      f"{self.plan.steps} steps")
             self.log(f"trainbench: compile {compile_description(self.plan)}")
+            if self.world_size > 1:
+                from ..plan import dp_sharding_label
+                self.log(f"trainbench: data-parallel sharding {dp_sharding_label(self.plan)}")
             if self.fp8_info is not None:
                 self.log(f"trainbench: fp8 recipe {self.fp8_info['recipe']}, "
                          f"{self.fp8_info['float8_linears']} FP8 linears, FSDP float8 "
@@ -334,7 +337,10 @@ class Trainer:
         out = {}
         fsdp = getattr(self.model_parts[0], "fsdp_settings", None)
         if fsdp is not None:
+            from ..plan import dp_sharding_label
             out["fsdp"] = {**fsdp, "dp_sharding": self.plan.dp_sharding,
+                           "dp_sharding_chosen_by": self.plan.dp_sharding_source,
+                           "dp_sharding_label": dp_sharding_label(self.plan),
                            "gradients_reduced": "once a step"
                            if self.plan.gradients_reduced_once else "every microbatch"}
         if self.dims.tp_enabled:

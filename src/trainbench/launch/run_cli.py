@@ -61,6 +61,9 @@ def register(app: typer.Typer) -> None:
         no_check: bool = typer.Option(False, "--no-check",
                                       help="Skip building rank 0 and the last rank under a fake "
                                            "process group before submitting a multi-node plan."),
+        force: bool = typer.Option(False, "--force",
+                                   help="Launch even where the memory model predicts the plan "
+                                        "does not fit the GPU (refused otherwise)."),
     ):
         """Plan a workload and train it: here with torchrun, or on Slurm."""
         from .request import RunRequest
@@ -75,7 +78,7 @@ def register(app: typer.Typer) -> None:
             slurm=SlurmOptions(account=account, partition=partition, time_limit=time_limit,
                                nodelist=nodelist, exclude=exclude, reservation=reservation,
                                exclusive=exclusive, gres=gres, extra_args=tuple(slurm_args))),
-                preflight=not no_check)
+                preflight=not no_check, force=force)
 
 
 def _refuse(problems) -> None:
@@ -84,7 +87,7 @@ def _refuse(problems) -> None:
     raise typer.Exit(2)
 
 
-def execute(req, preflight: bool = True) -> None:
+def execute(req, preflight: bool = True, force: bool = False) -> None:
     """Plan the request, print the plan, then dry-run, submit or run it, and print what
     came back. Every refusal is one line per problem and exit code 2."""
     from .request import (RunRequestError, create_local_experiment, finish_local,
@@ -100,7 +103,11 @@ def execute(req, preflight: bool = True) -> None:
     print_plan(out, plan)
     if planned.dtype_reason:
         out.print(f"dtype: {plan.dtype} ({planned.dtype_reason})", highlight=False)
-    warn_if_predicted_not_to_fit(out, plan, planned.cluster)
+    fits = warn_if_predicted_not_to_fit(out, plan, planned.cluster)
+    if not (fits or force or req.dry_run):
+        # A certain out-of-memory crash costs a whole allocation (and its queue wait).
+        _refuse([f"{plan.name} is predicted not to fit the {plan.gpu_type}'s memory (above); "
+                 "change the layout or pass --force to launch it anyway"])
     if req.executor == "slurm":
         submit(out, req, planned, preflight)
         return
@@ -187,15 +194,22 @@ def print_rank_layout(out, plan) -> None:
     out.print(table)
 
 
-def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> None:
+def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> bool:
     """The memory model's figure before launching: the same line `trainbench predict`
-    prints for this plan (trainbench's engine, FSDP2), a warning when it does not fit."""
+    prints for this plan (trainbench's engine, FSDP2), a warning when it does not fit,
+    and the data-parallel sharding and gradient dtype the plan runs and what chose them.
+    False where the plan is predicted not to fit (run refuses it without --force)."""
+    from ..plan import dp_sharding_label
     from ..predict.memory import check_memory
     m, line = check_memory(plan, config=config)
-    if m is not None and m.fits is False:
-        out.print(f"[yellow]warning: {line}[/yellow]", highlight=False)
-    else:
+    fits = not (m is not None and m.fits is False)
+    if fits:
         out.print(line, highlight=False)
+    else:
+        out.print(f"[yellow]warning: {line}[/yellow]", highlight=False)
+    if plan.gpus > 1:
+        out.print(f"data-parallel sharding: {dp_sharding_label(plan)}", highlight=False)
+    return fits
 
 
 

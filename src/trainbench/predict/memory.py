@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..layout import rank_stages
 from ..plan import FP8_DTYPES, Plan
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import GIB
@@ -176,16 +175,19 @@ def stage_message_shape(plan: Plan) -> tuple[int, int, int]:
 
 
 def pipeline_buffer_bytes(ctx: Context, rank: int) -> float:
-    """What torch.distributed.pipelining allocates on a rank's first step and keeps: for
-    every microbatch, a buffer for the hidden states each of the rank's stages receives
-    (all but the first stage) and one for the gradient it receives (all but the last).
-    Megatron-LM receives into a fresh tensor per microbatch instead."""
+    """What torch.distributed.pipelining holds on a rank beside its layers' activations,
+    with the engine's receive buffers allocated per microbatch and let go after its
+    backward (engine/parallel/pp.py, _ReceivingWhenNeeded): the output of every stage
+    forward in flight, which the stage keeps for its backward (a received input is its
+    stage's first layer's input, counted with the layer), and two messages received
+    ahead of their use (the next microbatch's hidden states and a gradient). torch's own
+    PipelineStage kept a buffer per microbatch and stage, alive all step (GA of them:
+    64.6 GiB per GPU on Qwen3 235B-A22B's recipe row); Megatron receives into a fresh
+    tensor per microbatch, as the engine now does."""
     plan, lay = ctx.plan, ctx.plan.layout
-    last = lay.pp * lay.vp - 1
-    receiving = sum((s > 0) + (s < last) for s in rank_stages(rank, lay.pp, lay.vp))
     mbs, seq, hidden = stage_message_shape(plan)
-    return (receiving * ctx.microbatches * mbs * seq * hidden
-            * (2.0 if plan.dtype != "fp32" else 4.0))
+    message = mbs * seq * hidden * (2.0 if plan.dtype != "fp32" else 4.0)
+    return (in_flight_chunks(lay.pp, lay.vp, rank, ctx.microbatches) + 2) * message
 
 
 def _largest_block(ctx: Context, layer_kinds, measure) -> float:
@@ -229,10 +231,35 @@ def _kept(ctx: Context, kind: str, recompute: str) -> float:
             return 0.0
         return lw.input_bytes
     if recompute == "selective" and kind == "attention":
+        if ctx.plan.model.is_mla:
+            # Megatron's and the engine's: the heads rebuilt from the latents.
+            return lw.act_bytes - mla_up_projection_bytes(ctx)
         # Megatron's selective recompute re-runs core attention (Korthikanti et al. 2022):
         # with flash attention that drops its output and softmax statistics.
         return lw.act_bytes - lw.attn_out_bytes
     return lw.act_bytes
+
+
+def mla_up_projection_bytes(ctx: Context) -> float:
+    """What Megatron's `mla_up_proj` recompute frees per MLA layer and microbatch: the
+    up-projected queries, keys and values (heads x (nope + rope) twice and heads x v_dim,
+    this rank's heads on the whole sequence), which core attention would keep, are
+    discarded after it runs and rebuilt from the latents before its backward
+    (Megatron-Core's MLASelfAttention, CheckpointWithoutOutput); the latents it keeps
+    instead (q's and kv's, before and after their norms, and the shared RoPE key) are
+    replicated over TP. NVIDIA's DeepSeek-V3 recipes select it ("selective",
+    recompute_modules ["mla_up_proj", ...]: Megatron-Bridge
+    scripts/performance/configs/deepseek, deepseek_v3_pretrain_1024gpu_h100_*_config and
+    the B200 / GB200 configs), where predict's plain selective recompute dropped core
+    attention's output instead and kept q, k and v. The engine's selective recompute of
+    MLA does the same (engine/parallel/__init__.py: MLAttention.heads kept as its
+    latents), and drops core attention's output too, which the out projection keeps."""
+    m, sh = ctx.plan.model, ctx.shape
+    tok, t, b = sh.tokens, sh.tp, sh.act_bytes
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    up = m.heads * (2 * qk + m.v_head_dim) / t * tok * b
+    latents = (2 * (m.q_lora_rank or 0) + 2 * m.kv_lora_rank + m.qk_rope_head_dim) * tok * b
+    return up - latents
 
 
 def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:

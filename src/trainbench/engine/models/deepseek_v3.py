@@ -93,18 +93,28 @@ class MLAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x) if self.wq is not None else self.wq_b(self.q_norm(self.wq_a(x)))
+        # The latents: q's (or x itself without a low-rank query), kv's, and the one
+        # RoPE key all heads share.
+        q_latent = x if self.wq is not None else self.q_norm(self.wq_a(x))
+        latent, k_rope = self.wkv_a(x).split([self.kv_rank, self.rope_dim], dim=-1)
+        k_rope = self.shared_rope_key(apply_rotary(k_rope.unsqueeze(2), *rope))  # one head
+        out = self.heads(q_latent, self.kv_norm(latent), k_rope, rope)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+    def heads(self, q_latent: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Every head's attention from the latents: the up-projections, RoPE on the
+        queries, core attention. [b, heads, s, v_dim]. A seam: selective recompute keeps
+        only the latents for it (engine/parallel/__init__.py)."""
+        b, s, _ = kv_latent.shape
+        q = self.wq(q_latent) if self.wq is not None else self.wq_b(q_latent)
         q = q.view(b, s, -1, self.nope + self.rope_dim)
         q_nope, q_rope = q.split([self.nope, self.rope_dim], dim=-1)
-        latent, k_rope = self.wkv_a(x).split([self.kv_rank, self.rope_dim], dim=-1)
-        kv = self.wkv_b(self.kv_norm(latent)).view(b, s, -1, self.nope + self.v_dim)
+        kv = self.wkv_b(kv_latent).view(b, s, -1, self.nope + self.v_dim)
         k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
-        q_rope = apply_rotary(q_rope, *rope)
-        k_rope = self.shared_rope_key(apply_rotary(k_rope.unsqueeze(2), *rope))  # one head
-        q = torch.cat((q_nope, q_rope), dim=-1)
+        q = torch.cat((q_nope, apply_rotary(q_rope, *rope)), dim=-1)
         k = torch.cat((k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)), dim=-1)
-        out = self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+        return self.attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
 
 
 class DeepSeekV3Block(nn.Module):

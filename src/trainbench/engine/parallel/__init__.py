@@ -26,7 +26,13 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
         # After context parallelism, which installs its own attend: the recomputation
         # then re-runs its key/value all-gather too.
         for module in model.modules():
-            if callable(getattr(module, "attend", None)):
+            if callable(getattr(module, "heads", None)):
+                # Multi-head latent attention: its heads are rebuilt from the latents
+                # (up-projections, RoPE, core attention), as Megatron's selective
+                # recompute of "mla_up_proj" rebuilds them (NVIDIA's DeepSeek-V3
+                # recipes): the latents are kept instead of every head's q, k and v.
+                module.heads = _recomputed(module.heads)
+            elif callable(getattr(module, "attend", None)):
                 module.attend = _recomputed(module.attend)
         return
     if mode != "full":
@@ -39,7 +45,7 @@ def _recomputed(fn):
     """`fn` keeping only its inputs for the backward, which runs it again."""
     from torch.utils.checkpoint import checkpoint
 
-    def recomputed(*args: torch.Tensor | None) -> torch.Tensor:
+    def recomputed(*args) -> torch.Tensor:
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
     return recomputed
 
@@ -119,8 +125,8 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
         if plan.async_tp:  # plan validation admits it on CUDA with compile only
             enable_async_tp(dims["tp"])
     if dims.cp_enabled:
-        from .cp import apply_context_parallel
-        apply_context_parallel(model, dims["cp"], plan.cp_impl)
+        from .cp import apply_context_parallel, keeps_shard
+        apply_context_parallel(model, dims["cp"], plan.cp_impl, keep_shard=keeps_shard(plan))
     if dims.ep_enabled:
         from .ep import apply_expert_parallel
         apply_expert_parallel(model, dims["ep"])

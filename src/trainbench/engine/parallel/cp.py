@@ -16,6 +16,7 @@ module's `attend(q, k, v)`, installed by `apply_context_parallel`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -85,8 +86,8 @@ def gather_sequence(local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
 
 
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               group: dist.ProcessGroup, scale: float | None = None
-                               ) -> torch.Tensor:
+                               group: dist.ProcessGroup, scale: float | None = None,
+                               keep_shard: bool = False) -> torch.Tensor:
     """Causal attention of this rank's queries over the keys/values of the whole sequence.
 
     q [b, heads, s_local, d], k and v [b, kv_heads, s_local, d], all in this rank's
@@ -96,9 +97,39 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     0..c*L + i. Keys past the chunk are never computed, and `causal_lower_right` keeps
     the fused (flash / memory-efficient) kernels eligible, unlike a boolean mask.
     `scale` is the softmax scale (None: 1/sqrt(head dim), SDPA's default).
+
+    `keep_shard`: the attention kernels' saved keys and values (the whole sequence's,
+    grouped heads expanded) are not kept for the backward; it gathers them again from
+    this rank's k and v (tp.regathered_in_backward), so the backward holds only the
+    rank's own K/V shard between forward and backward, as Megatron's ring attention
+    does. Losses and gradients are the same (the same values are read again).
     """
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
     chunk = q.shape[2] // 2
+    heads = q.shape[1]
+    k_all, v_all = _whole_keys_values(k, v, group, cp, chunk, heads)
+    saved = contextlib.nullcontext()
+    if keep_shard and torch.is_grad_enabled():
+        from .tp import regathered_in_backward
+        k_mine, v_mine = k.detach(), v.detach()
+        saved = regathered_in_backward(
+            (k_all, v_all), lambda: _whole_keys_values(k_mine, v_mine, group, cp, chunk, heads))
+    outputs = []
+    with saved:
+        for local, c in enumerate(chunk_ids(cp, rank)):
+            q_c = q[:, :, local * chunk:(local + 1) * chunk]
+            keys = (c + 1) * chunk
+            mask = (dict(is_causal=True) if MEMORY_TRACE_STANDIN
+                    else dict(attn_mask=_lower_right(chunk, keys)))
+            outputs.append(F.scaled_dot_product_attention(
+                q_c, k_all[:, :, :keys], v_all[:, :, :keys], scale=scale, **mask))
+    return torch.cat(outputs, dim=2)
+
+
+def _whole_keys_values(k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup, cp: int,
+                       chunk: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole sequence's keys and values in sequence order, grouped heads expanded to
+    the query heads."""
     if k.shape[-1] == v.shape[-1]:
         # One collective for both: stack k and v along the batch dim.
         k_all, v_all = _in_sequence_order(gather_sequence(torch.cat([k, v]), group),
@@ -106,21 +137,13 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     else:  # MLA: keys carry the RoPE dims, values do not
         k_all, v_all = (_in_sequence_order(gather_sequence(t, group), cp, chunk)
                         for t in (k, v))
-    if k_all.shape[1] != q.shape[1]:
+    if k_all.shape[1] != heads:
         # Expand grouped KV heads here rather than with enable_gqa, which the attention
         # bias path does not take.
-        repeat = q.shape[1] // k_all.shape[1]
+        repeat = heads // k_all.shape[1]
         k_all = k_all.repeat_interleave(repeat, dim=1)
         v_all = v_all.repeat_interleave(repeat, dim=1)
-    outputs = []
-    for local, c in enumerate(chunk_ids(cp, rank)):
-        q_c = q[:, :, local * chunk:(local + 1) * chunk]
-        keys = (c + 1) * chunk
-        mask = (dict(is_causal=True) if MEMORY_TRACE_STANDIN
-                else dict(attn_mask=_lower_right(chunk, keys)))
-        outputs.append(F.scaled_dot_product_attention(
-            q_c, k_all[:, :, :keys], v_all[:, :, :keys], scale=scale, **mask))
-    return torch.cat(outputs, dim=2)
+    return k_all, v_all
 
 
 MEMORY_TRACE_STANDIN = False
@@ -149,13 +172,16 @@ def _lower_right(queries: int, keys: int):
     return causal_lower_right(queries, keys)
 
 
-def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "allgather"
-                           ) -> None:
+def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "allgather",
+                           keep_shard: bool = True) -> None:
     """Swap the attention core of every module with an `attend` method for the CP one.
 
     Works for any family whose attention goes through `attend(q, k, v)`; the trainer
     shards inputs, labels and positions with `shard_sequence` / `local_positions`.
     `impl` "ring" uses PyTorch's ring attention instead of the all-gather form.
+    `keep_shard` (the all-gather form): the backward gathers the keys and values again
+    instead of keeping the whole sequence's (context_parallel_attention); set it only
+    where no checkpoint recomputes the attention core (keeps_shard).
     """
     group = cp_mesh.get_group()
     if impl == "ring":
@@ -168,7 +194,7 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "a
             # MLA (DeepSeek-V3) scales its scores by its own softmax scale.
             scale = getattr(module, "softmax_scale", None)
             module.attend = (_ring_attend(cp_mesh, scale) if impl == "ring"
-                             else _bound_attend(group, scale))
+                             else _bound_attend(group, scale, keep_shard))
 
 
 def _ring_attend(cp_mesh: DeviceMesh, scale: float | None = None):
@@ -192,7 +218,16 @@ def _ring_attend(cp_mesh: DeviceMesh, scale: float | None = None):
     return attend
 
 
-def _bound_attend(group: dist.ProcessGroup, scale: float | None = None):
+def _bound_attend(group: dist.ProcessGroup, scale: float | None = None,
+                  keep_shard: bool = False):
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return context_parallel_attention(q, k, v, group, scale)
+        return context_parallel_attention(q, k, v, group, scale, keep_shard)
     return attend
+
+
+def keeps_shard(plan) -> bool:
+    """Whether the all-gather CP keeps only the rank's keys and values for the backward:
+    where nothing recomputes the attention core (recompute 'none'). Selective recompute
+    keeps only the core's inputs (this rank's q, k, v) and gathers again when it reruns
+    it; full recompute keeps only the block's input."""
+    return plan.recompute == "none"

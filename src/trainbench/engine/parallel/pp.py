@@ -85,16 +85,147 @@ def _keeping_moe_state(infer):
     return keeping
 
 
-def _stage_class():
+def _stage_class(interleaved: bool = False):
     """PipelineStage, its metadata inference wrapped by _keeping_moe_state (the method
     is `_forward_metadata_inference` in torch 2.13, `_shape_inference` in older
-    releases)."""
+    releases), its receive buffers allocated per microbatch (_ReceivingWhenNeeded) and,
+    under the interleaved schedule's runtime, its sends waited for a few sends later
+    (_SendsWaitedFor)."""
     from torch.distributed.pipelining import PipelineStage
 
     overrides = {name: _keeping_moe_state(getattr(PipelineStage, name))
                  for name in ("_forward_metadata_inference", "_shape_inference")
                  if hasattr(PipelineStage, name)}
-    return type("MoEStatePreservingStage", (PipelineStage,), overrides)
+    bases: tuple = (PipelineStage,)
+    if receives_when_needed():
+        bases = (_ReceivingWhenNeeded,) + bases
+        if interleaved:
+            bases = (_SendsWaitedFor,) + bases
+    return type("MoEStatePreservingStage", bases, overrides)
+
+
+SENDS_IN_FLIGHT = 2
+"""Sends of a stage (of each kind: hidden states forward, gradients backward) left
+unwaited at once under _SendsWaitedFor."""
+
+
+class _SendsWaitedFor:
+    """A stage of an interleaved schedule whose sends are waited for a few sends later,
+    not at the end of the step.
+
+    torch's schedule runtime (`_PipelineScheduleRuntime._step_microbatches`, torch 2.13)
+    keeps the work of every SEND_F and SEND_B of the step and waits for them all after
+    its last action, and each work holds the tensor it sends: every microbatch's stage
+    output and input gradient stay alive until the step ends, GA of each per stage, as
+    many bytes as torch's receive buffers (_ReceivingWhenNeeded). Here the stage posts
+    its sends itself, exactly where the runtime would (the runtime gets an empty list of
+    ops), and waits for each once SENDS_IN_FLIGHT later ones of its kind are posted, as
+    torch's own 1F1B schedule waits for each send before the next; what is left is
+    waited for before the next step's first action (clear_runtime_states)."""
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int):
+        return self._post(super().get_fwd_send_ops(fwd_chunk_id), "forward")
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int):
+        return self._post(super().get_bwd_send_ops(bwd_chunk_id), "backward")
+
+    def clear_runtime_states(self) -> None:
+        for works in getattr(self, "_sends", {}).values():
+            while works:
+                for work in works.pop(0):
+                    work.wait()
+        super().clear_runtime_states()
+
+    def _post(self, ops: list, kind: str) -> list:
+        if not ops:
+            return ops
+        from torch.distributed.pipelining.schedules import _batch_p2p
+        if not hasattr(self, "_sends"):
+            self._sends = {"forward": [], "backward": []}
+        works = self._sends[kind]
+        works.append(_batch_p2p(ops, desc=f"{kind} send"))
+        while len(works) > SENDS_IN_FLIGHT:
+            for work in works.pop(0):
+                work.wait()
+        return []
+
+
+def receives_when_needed() -> bool:
+    """Whether this torch's PipelineStage has the receive protocol _ReceivingWhenNeeded
+    overrides (torch 2.13's `_setup_forward_recv_info` and `_setup_backward_recv_info`)."""
+    from torch.distributed.pipelining import PipelineStage
+    return all(hasattr(PipelineStage, name) for name in (
+        "_setup_forward_recv_info", "_setup_backward_recv_info", "get_fwd_recv_ops",
+        "get_bwd_recv_ops", "backward_one_chunk"))
+
+
+class _ReceivingWhenNeeded:
+    """A pipeline stage whose receive buffers exist only while the schedule needs them.
+
+    torch's PipelineStage allocates, on its first step, a buffer for every microbatch's
+    incoming hidden states and one for every microbatch's incoming gradient, and keeps
+    them all step and all run (with each received input's gradient attached until the
+    next step clears it): GA of each per stage, 512 on Qwen3 235B-A22B's recipe row,
+    64.6 GiB per GPU. Megatron receives into a fresh tensor per microbatch. Here each
+    buffer is allocated just before its receive is posted and let go once that
+    microbatch's backward has run: a received input lives while its microbatch is in
+    flight (it is the stage's first layer's input, which the backward reads anyway), a
+    received gradient from its receive to its backward. What the schedule holds at once
+    is then bounded by its in-flight microbatches, not by GA. The set-up allocates the
+    buffers on the meta device (no memory), keeping torch's metadata and protocol."""
+
+    def _setup_forward_recv_info(self, num_microbatches: int, has_backward: bool) -> None:
+        with self._on_meta():
+            super()._setup_forward_recv_info(num_microbatches, has_backward)
+        for infos in self.args_recv_info.values():
+            self._let_go(infos)
+
+    def _setup_backward_recv_info(self, num_microbatches: int):
+        with self._on_meta():
+            super()._setup_backward_recv_info(num_microbatches)
+        for infos in self.grad_recv_info.values():
+            self._let_go(infos)
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int):
+        self._allocate(self.args_recv_info.get(fwd_chunk_id, ()))
+        return super().get_fwd_recv_ops(fwd_chunk_id)
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int):
+        if self.has_backward and not self.is_last:
+            self._allocate(self.grad_recv_info.get(bwd_chunk_id, ()))
+        return super().get_bwd_recv_ops(bwd_chunk_id)
+
+    def backward_one_chunk(self, bwd_chunk_id: int, *args, **kwargs):
+        out = super().backward_one_chunk(bwd_chunk_id, *args, **kwargs)
+        self._let_go(self.args_recv_info.get(bwd_chunk_id, ()))
+        self._let_go(self.grad_recv_info.get(bwd_chunk_id, ()))
+        return out
+
+    def _on_meta(self):
+        import contextlib
+
+        @contextlib.contextmanager
+        def meta_device():
+            device = self.device
+            self.device = torch.device("meta")
+            try:
+                yield
+            finally:
+                self.device = device
+        return meta_device()
+
+    def _allocate(self, infos) -> None:
+        from torch.distributed.pipelining._utils import _make_tensor_from_meta
+        for info in infos:
+            if not info.is_root_arg and info.tensor_meta is not None:
+                info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
+
+    def _let_go(self, infos) -> None:
+        """Replace each received buffer by an empty tensor: torch's bookkeeping between
+        steps (clear_runtime_states) still finds a tensor, which holds no memory."""
+        for info in infos:
+            if not info.is_root_arg and info.buffer is not None:
+                info.buffer = torch.empty(0, dtype=info.buffer.dtype, device=self.device)
 
 
 def build_schedule(stage_modules: list[tuple[int, nn.Module]], plan: Plan, pp_mesh: DeviceMesh,
@@ -105,7 +236,7 @@ def build_schedule(stage_modules: list[tuple[int, nn.Module]], plan: Plan, pp_me
     lay = plan.layout
     num_stages = lay.pp * lay.vp
     group = pp_mesh.get_group()
-    stage_class = _stage_class()
+    stage_class = _stage_class(interleaved=lay.vp > 1)
     stages = [stage_class(module, index, num_stages, device, group=group)
               for index, module in stage_modules]
     # scale_grads: each microbatch's loss is a mean, so the summed gradients are divided

@@ -27,7 +27,6 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -36,16 +35,121 @@ from torch.distributed.tensor.parallel import (
 from ...plan import Plan
 
 
-def _gather_input(extra_args: int = 0) -> PrepareModuleInput:
-    """All-gather a sequence-sharded first input (later inputs, e.g. RoPE, pass as they are)."""
-    return PrepareModuleInput(input_layouts=(Shard(1),) + (None,) * extra_args,
-                              desired_input_layouts=(Replicate(),) + (None,) * extra_args)
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of the memory behind `t` (a DTensor's: its local tensor's), the same for
+    every view and detached alias of it: what a saved-tensor hook matches a saved tensor
+    with, whether autograd saved the tensor itself, a view, or a compiled graph its input."""
+    from torch.distributed.tensor import DTensor
+    local = t._local_tensor if isinstance(t, DTensor) else t
+    return local.untyped_storage()._cdata
 
 
-def _attention_styles(prefix: str) -> dict[str, ParallelStyle]:
+class _Regathered:
+    """A saved tensor that the backward rebuilds instead of keeping: `rebuild()` gives
+    the tensor it was a view of (once per forward, shared by every saved view of it and
+    released with the last of them), and the view is taken again from it."""
+
+    def __init__(self, cache: dict, rebuild, saved: torch.Tensor, index: int):
+        self.cache, self.rebuild, self.index = cache, rebuild, index
+        self.dtensor = _is_dtensor(saved)
+        self.shape = saved.shape
+        self.strides = None if self.dtensor else (saved.stride(), saved.storage_offset())
+
+    def unpack(self) -> torch.Tensor:
+        if "whole" not in self.cache:
+            with torch.no_grad():
+                self.cache["whole"] = self.rebuild()
+        whole = self.cache["whole"][self.index]
+        if self.dtensor:
+            return whole.view(self.shape)
+        # A plain tensor in a DTensor's memory: what a compiled graph saves of its input.
+        local = whole._local_tensor if _is_dtensor(whole) else whole
+        return local.as_strided(self.shape, *self.strides)
+
+
+def regathered_in_backward(wholes: tuple[torch.Tensor, ...], rebuild):
+    """A saved_tensors_hooks context in which any tensor saved for the backward that lives
+    in the memory of one of `wholes` (gathered tensors: a sequence-parallel layer's whole
+    sequence input, context parallelism's whole-sequence keys and values) is not kept:
+    the backward calls `rebuild()`, which gathers them again from the rank's shards and
+    returns them in the same order and layout, and takes each saved view from it.
+
+    Megatron keeps the shard and gathers again in the backward (its
+    LinearWithGradAccumulationAndAsyncCommunication, Korthikanti et al. 2022, sec. 4.2.2);
+    torch's ColwiseParallel and an all-gather attention would keep the whole sequence.
+    The saved values are the same, so losses and gradients are unchanged. Never inside a
+    non-reentrant checkpoint of the same tensors (full recompute): the innermost hooks
+    win, and the checkpoint would keep what it means to drop."""
+    from torch.autograd.graph import saved_tensors_hooks
+    # Autograd keeps both hooks with every tensor saved under them, the tensors kept
+    # whole included: the hooks must hold no reference to the wholes themselves.
+    keys = {storage_key(w): (i, _is_dtensor(w)) for i, w in enumerate(wholes)}
+    cache: dict = {}
+
+    def pack(t: torch.Tensor):
+        index, dtensor = keys.get(storage_key(t), (None, False))
+        if index is None:
+            return t
+        if _is_dtensor(t) and not (dtensor and t.is_contiguous()):
+            return t  # a DTensor view that view() cannot take again
+        return _Regathered(cache, rebuild, t, index)
+
+    def unpack(packed):
+        return packed.unpack() if isinstance(packed, _Regathered) else packed
+
+    return saved_tensors_hooks(pack, unpack)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return getattr(t, "_local_tensor", None) is not None
+
+
+class GatherSequence(ParallelStyle):
+    """All-gather a sequence-sharded first input (later inputs, e.g. RoPE, pass as they
+    are), and keep only the shard for the backward (`keep_shard`): the whole-sequence
+    input that the module's column-parallel linears would save is gathered again in
+    the backward (regathered_in_backward), as Megatron does. The all-gather's own
+    backward reduce-scatters the input gradient, as PrepareModuleInput's does.
+
+    `local_output`: the module gets a plain tensor rather than a Replicate DTensor.
+    """
+
+    def __init__(self, keep_shard: bool = True, local_output: bool = False):
+        super().__init__()
+        self.keep_shard = keep_shard
+        self.local_output = local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from torch.distributed.tensor import DTensor
+        inner = module.forward
+        keep_shard, local_output = self.keep_shard, self.local_output
+
+        def gather(shard: torch.Tensor):
+            whole = DTensor.from_local(shard, device_mesh, [Shard(1)], run_check=False
+                                       ).redistribute(device_mesh, [Replicate()])
+            return whole.to_local() if local_output else whole
+
+        def forward(x: torch.Tensor, *args, **kwargs):
+            shard = x.to_local() if isinstance(x, DTensor) else x
+            whole = gather(shard)
+            if not (keep_shard and torch.is_grad_enabled()):
+                return inner(whole, *args, **kwargs)
+            with regathered_in_backward((whole,), lambda: (gather(shard.detach()),)):
+                return inner(whole, *args, **kwargs)
+
+        module.forward = forward
+        return module
+
+
+def _gather_input(keep_shard: bool = True) -> GatherSequence:
+    """All-gather a sequence-sharded first input; the shard alone kept for the backward."""
+    return GatherSequence(keep_shard=keep_shard)
+
+
+def _attention_styles(prefix: str, keep_shard: bool = True) -> dict[str, ParallelStyle]:
     """q/k/v split by heads, out-projection by input rows back to a sequence shard."""
     return {
-        prefix: _gather_input(extra_args=1),  # called as attention(x, rope)
+        prefix: _gather_input(keep_shard),  # called as attention(x, rope)
         f"{prefix}.wq": ColwiseParallel(),
         f"{prefix}.wk": ColwiseParallel(),
         f"{prefix}.wv": ColwiseParallel(),
@@ -53,10 +157,10 @@ def _attention_styles(prefix: str) -> dict[str, ParallelStyle]:
     }
 
 
-def _mlp_styles(prefix: str) -> dict[str, ParallelStyle]:
+def _mlp_styles(prefix: str, keep_shard: bool = True) -> dict[str, ParallelStyle]:
     """Gate/up split by FFN columns, down by FFN rows (a squared-ReLU MLP has no w3)."""
     return {
-        prefix: _gather_input(),
+        prefix: _gather_input(keep_shard),
         f"{prefix}.w1": ColwiseParallel(),
         f"{prefix}.w3": ColwiseParallel(),
         f"{prefix}.w2": RowwiseParallel(output_layouts=Shard(1)),
@@ -122,14 +226,25 @@ EDGE_PLAN: dict[str, ParallelStyle] = {
                               use_local_output=False),
 }
 
-TRANSFORMER_PLAN: dict[str, ParallelStyle] = {
-    **EDGE_PLAN,
-    "layers.*.attention_norm": SequenceParallel(),
-    **_attention_styles("layers.*.attention"),
-    "layers.*.mlp_norm": SequenceParallel(),
-    **_mlp_styles("layers.*.mlp"),
-}
-"""Llama and Nemotron-4 (engine/models/transformer.py)."""
+def keeps_shard(plan: Plan | None) -> bool:
+    """Whether the sequence-parallel gathers keep only the shard for the backward
+    (GatherSequence): always but under full recompute, whose block checkpoint keeps only
+    the block's input anyway (and whose hooks must not be nested with ours)."""
+    return plan is None or plan.recompute != "full"
+
+
+def transformer_plan(keep_shard: bool = True) -> dict[str, ParallelStyle]:
+    """Llama and Nemotron-4 (engine/models/transformer.py)."""
+    return {
+        **EDGE_PLAN,
+        "layers.*.attention_norm": SequenceParallel(),
+        **_attention_styles("layers.*.attention", keep_shard),
+        "layers.*.mlp_norm": SequenceParallel(),
+        **_mlp_styles("layers.*.mlp", keep_shard),
+    }
+
+
+TRANSFORMER_PLAN = transformer_plan()
 
 
 def _mamba_linear_styles() -> dict[str, ParallelStyle]:
@@ -170,7 +285,7 @@ class MambaMixerParallel(ParallelStyle):
         if self.plan is not None:
             styles = with_float8_styles(module, styles, self.plan)
         parallelize_module(module, device_mesh, styles)
-        _gather_input()._apply(module, device_mesh)
+        _gather_input(keeps_shard(self.plan))._apply(module, device_mesh)
         for name in ("conv1d.weight", "conv1d.bias", "ssm.dt_bias", "ssm.A_log", "ssm.D",
                      "norm_weight"):
             owner_name, _, attr = name.rpartition(".")
@@ -195,9 +310,9 @@ def nemotronh_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, Para
         if block.kind == "M":
             styles[f"layers.{key}.mixer"] = MambaMixerParallel(plan)
         elif block.kind == "*":
-            styles.update(_attention_styles(f"layers.{key}.mixer"))
+            styles.update(_attention_styles(f"layers.{key}.mixer", keeps_shard(plan)))
         else:
-            styles.update(_mlp_styles(f"layers.{key}.mixer"))
+            styles.update(_mlp_styles(f"layers.{key}.mixer", keeps_shard(plan)))
     return styles
 
 
@@ -245,20 +360,24 @@ def _moe_styles(prefix: str) -> dict[str, ParallelStyle]:
     return {prefix: MoETokenLocal()}
 
 
-QWEN3_MOE_PLAN: dict[str, ParallelStyle] = {
-    **EDGE_PLAN,
-    "layers.*.attention_norm": SequenceParallel(),
-    **_attention_styles("layers.*.attention"),
-    # QK-norm normalises each head over head_dim with one weight shared by all heads:
-    # it runs on this rank's heads as they are (dim 2 of [b, s, heads, head_dim]). Its
-    # weight is a replicated DTensor so that the partial gradients of the heads on each
-    # rank are summed over TP.
-    "layers.*.attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
-    "layers.*.attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
-    "layers.*.mlp_norm": SequenceParallel(),
-    **_moe_styles("layers.*.moe"),
-}
-"""Qwen3 MoE (engine/models/qwen3_moe.py)."""
+def qwen3_moe_plan(keep_shard: bool = True) -> dict[str, ParallelStyle]:
+    """Qwen3 MoE (engine/models/qwen3_moe.py)."""
+    return {
+        **EDGE_PLAN,
+        "layers.*.attention_norm": SequenceParallel(),
+        **_attention_styles("layers.*.attention", keep_shard),
+        # QK-norm normalises each head over head_dim with one weight shared by all heads:
+        # it runs on this rank's heads as they are (dim 2 of [b, s, heads, head_dim]). Its
+        # weight is a replicated DTensor so that the partial gradients of the heads on
+        # each rank are summed over TP.
+        "layers.*.attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "layers.*.attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+        "layers.*.mlp_norm": SequenceParallel(),
+        **_moe_styles("layers.*.moe"),
+    }
+
+
+QWEN3_MOE_PLAN = qwen3_moe_plan()
 
 
 class _SumGradOverTP(torch.autograd.Function):
@@ -278,14 +397,14 @@ class _SumGradOverTP(torch.autograd.Function):
         return grad, None
 
 
-class _MLAttentionInput(PrepareModuleInput):
-    """DeepSeek-V3's MLA under TP: the sequence gathered in (as for any attention), and the
-    shared RoPE key's gradient summed over the ranks, whose heads each read it."""
+class _MLAttentionInput(GatherSequence):
+    """DeepSeek-V3's MLA under TP: the sequence gathered in (as for any attention; the
+    shard kept for the backward), and the shared RoPE key's gradient summed over the
+    ranks, whose heads each read it."""
 
-    def __init__(self):
+    def __init__(self, keep_shard: bool = True):
         # A local tensor in: the replicated down-projections are plain modules.
-        super().__init__(input_layouts=(Shard(1), None),
-                         desired_input_layouts=(Replicate(), None), use_local_output=True)
+        super().__init__(keep_shard=keep_shard, local_output=True)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         module = super()._apply(module, device_mesh)
@@ -307,21 +426,21 @@ def deepseek_v3_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, Pa
     for key, block in model.layers.items():
         prefix = f"layers.{key}"
         styles[f"{prefix}.attention_norm"] = SequenceParallel()
-        styles[f"{prefix}.attention"] = _MLAttentionInput()
+        styles[f"{prefix}.attention"] = _MLAttentionInput(keeps_shard(plan))
         for name in ("wq", "wq_b", "wkv_b"):
             styles[f"{prefix}.attention.{name}"] = ColwiseParallel()
         styles[f"{prefix}.attention.wo"] = RowwiseParallel(output_layouts=Shard(1))
         styles[f"{prefix}.mlp_norm"] = SequenceParallel()
-        mlp = _moe_styles if isinstance(block.mlp, MoE) else _mlp_styles
-        styles.update(mlp(f"{prefix}.mlp"))
+        styles.update(_moe_styles(f"{prefix}.mlp") if isinstance(block.mlp, MoE)
+                      else _mlp_styles(f"{prefix}.mlp", keeps_shard(plan)))
     return styles
 
 
 PLANS: dict[str, Callable[[nn.Module, Plan | None], dict[str, ParallelStyle]]] = {
-    "llama": lambda model, plan: TRANSFORMER_PLAN,
-    "nemotron4": lambda model, plan: TRANSFORMER_PLAN,
+    "llama": lambda model, plan: transformer_plan(keeps_shard(plan)),
+    "nemotron4": lambda model, plan: transformer_plan(keeps_shard(plan)),
     "nemotronh": nemotronh_plan,
-    "qwen3_moe": lambda model, plan: QWEN3_MOE_PLAN,
+    "qwen3_moe": lambda model, plan: qwen3_moe_plan(keeps_shard(plan)),
     "deepseek_v3": deepseek_v3_plan,
 }
 """Family -> its tensor-parallel plan. A new family adds one entry."""
@@ -364,5 +483,17 @@ def with_float8_styles(model: nn.Module, styles: dict[str, ParallelStyle],
 
     from .float8 import tp_style
     backend = dist.get_backend() if dist.is_initialized() else "gloo"
-    return {name: tp_style(style, model.get_submodule(name), plan, backend)
+    return {name: style if _fed_by_gather(style, plan) else
+            tp_style(style, model.get_submodule(name), plan, backend)
             for name, style in styles.items()}
+
+
+def _fed_by_gather(style: ParallelStyle, plan: Plan) -> bool:
+    """A column-parallel linear whose input a GatherSequence has already gathered (a
+    Replicate input) keeps the plain style around its Float8Linear: torchao's
+    Float8ColwiseParallel would cast that whole-sequence input to FP8 in each linear and
+    keep the cast copy for the backward, where GatherSequence keeps only the shard. Its
+    TP traffic is the same: the gather before it and the reduce-scatter of the input
+    gradient after it are GatherSequence's, in bf16, under either style."""
+    return (keeps_shard(plan) and type(style) is ColwiseParallel
+            and tuple(style.input_layouts) == (Replicate(),))
