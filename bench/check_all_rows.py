@@ -42,7 +42,7 @@ def main() -> int:
     from trainbench.catalog import recipes
     from trainbench.check.cli import check_plan, default_ranks, microbatches_text
     from trainbench.check.tracing import default_jobs
-    from trainbench.plan import build_plan
+    from trainbench.planning import build_plan
     from trainbench.predict.memory import predict_memory
 
     rows = [r for r in recipes.RECIPES if r.gpu_type == "h100" and r.source.startswith("seed")

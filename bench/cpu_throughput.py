@@ -29,7 +29,7 @@ import torch
 from trainbench.catalog.models import get_model
 from trainbench.engine import data
 from trainbench.metrics import default_window
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 
 
 def trainbench_step_times(steps: int, dtype: str) -> list[float]:

@@ -33,7 +33,8 @@ def main() -> int:
     args = parser.parse_args()
 
     from trainbench.catalog import recipes
-    from trainbench.plan import PlanError, build_plan, dp_sharding_label
+    from trainbench.plan import PlanError, dp_sharding_label
+    from trainbench.planning import build_plan
     from trainbench.predict.memory import predict_memory
 
     rows = [r for r in recipes.RECIPES if r.gpu_type == args.gpu

@@ -39,7 +39,7 @@ import torch
 
 from trainbench import flops
 from trainbench.engine import data, sdpa
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 
 NO_GPU = "no GPU found: tiny CPU shape, no MFU"
 PROXY = dict(layers=4, seq_len=8192, mbs=1, gbs=1, tp=1, pp=1, cp=1, dp=1)

@@ -43,7 +43,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_mfu  # noqa: E402  (bench/gpu_mfu.py: the Trainer loop, figures, top operators)
 
-from trainbench.plan import PlanError, build_plan  # noqa: E402
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan  # noqa: E402
 
 NO_GPU = "no GPU found: tiny MoE shapes on the CPU, no MFU"
 ONE_GPU = dict(tp=1, pp=1, cp=1, dp=1, ep=1, vp=1, seq_len=4096, mbs=1, gbs=2)

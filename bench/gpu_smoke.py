@@ -34,10 +34,10 @@ def run(root: Path, dtype: str, gpus: int, layers: int, steps: int, tp: int = 1)
 
 
 def predicted_step_time(exp: Path) -> float | None:
-    from trainbench.plan import Plan
+    from trainbench.planning import load_plan
     from trainbench.predict.perf import predict_step
     try:
-        return predict_step(Plan.load(exp / "plan.json"), sharding="engine").step_time_s
+        return predict_step(load_plan(exp / "plan.json"), sharding="engine").step_time_s
     except Exception as err:  # noqa: BLE001 - a benchmark reports, it does not stop
         print(f"(no prediction: {err})")
         return None

@@ -43,7 +43,7 @@ from trainbench.catalog import recipes
 from trainbench.catalog.references import REFERENCES
 from trainbench.catalog.heldout import (HELD_OUT, HELD_OUT_MOE, HeldOutRow, offload_layers,
                                         te_cross_entropy)
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.predict import calibrate
 from trainbench.predict.constants import Constants, default_constants, transfer_constants
 from trainbench.predict.context import MegatronRun

@@ -20,7 +20,7 @@ import dataclasses
 import pytest
 import torch
 
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.predict.context import ENGINE, make_context
 
 ACT_RTOL = 0.03

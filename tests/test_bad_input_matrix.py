@@ -549,7 +549,7 @@ def test_a_slurm_job_script_never_gets_a_loader_variable(tmp_path):
     """The cluster config's env reaches the job script only through check_env."""
     from trainbench.launch.sbatch import render_sbatch
     from trainbench.launch.slurm import SlurmError, SlurmOptions
-    from trainbench.plan import build_plan
+    from trainbench.planning import build_plan
     plan = build_plan("pretrain_llama3.1", "tiny", "fp32", 2, "cpu", steps=3)
     with pytest.raises(SlurmError) as err:
         render_sbatch(plan, tmp_path, SlurmOptions(), {"env": {"LD_PRELOAD": "/tmp/evil.so"}})
@@ -558,7 +558,9 @@ def test_a_slurm_job_script_never_gets_a_loader_variable(tmp_path):
 
 def test_plan_bounds_without_the_cli():
     """The plan refuses what the CLI refuses, so bulk and predict get the same lines."""
-    from trainbench.plan import PlanError, build_plan, parse_overrides
+    from trainbench.overrides import parse_overrides
+    from trainbench.plan import PlanError
+    from trainbench.planning import build_plan
     for items, word in ((["tp=0"], "tp=0"), (["layers=0"], "layers"), (["lr=nan"], "finite"),
                         (["lr=-1"], "learning rate"), (["steps=0"], "--steps"),
                         (["min_lr=0.1", "lr=0.01"], "min_lr")):
@@ -575,13 +577,14 @@ def test_plan_bounds_without_the_cli():
 
 
 def test_a_saved_plan_round_trips_and_a_broken_one_is_refused(tmp_path):
-    from trainbench.plan import Plan, PlanError, build_plan
+    from trainbench.plan import PlanError
+    from trainbench.planning import build_plan, load_plan
     plan = build_plan("pretrain_llama3.1", "tiny", "fp32", 2, "cpu", steps=3)
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())
-    assert Plan.load(path) == plan
+    assert load_plan(path) == plan
     data = plan.to_json().replace('"tp": 1', '"tp": 0')
     path.write_text(data)
     with pytest.raises(PlanError) as err:
-        Plan.load(path)
+        load_plan(path)
     assert "tp=0" in err.value.problems[0]

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from trainbench import overrides, planning
 from trainbench import plan as planmod
 from trainbench.catalog import hardware, recipes, references
 from trainbench.catalog.models import MODELS, WORKLOADS, get_model, parameter_count
@@ -46,7 +47,7 @@ def test_every_reference_has_a_recipe_row_and_consistent_throughput():
 
 
 def test_405b_proxy_layers_follow_scale():
-    p = planmod.build_plan("pretrain_llama3.1", "405b-proxy", "bf16", 64, "h100")
+    p = planning.build_plan("pretrain_llama3.1", "405b-proxy", "bf16", 64, "h100")
     assert p.model.layers == 30 and p.layout.pp == 4 and p.layout.vp == 8
 
 
@@ -73,7 +74,7 @@ def test_gpu_lookup_never_borrows_a_peak():
 
 
 def test_plan_round_trips_through_json():
-    p = planmod.build_plan("pretrain_llama3.1", "70b", "bf16", 64, "h100",
+    p = planning.build_plan("pretrain_llama3.1", "70b", "bf16", 64, "h100",
                            overrides={"gbs": 256}, env={"A": "b"})
     again = planmod.Plan.from_dict(json.loads(p.to_json()))
     assert again == p
@@ -82,7 +83,7 @@ def test_plan_round_trips_through_json():
 
 def _problems(*args, **kwargs):
     with pytest.raises(planmod.PlanError) as err:
-        planmod.build_plan(*args, **kwargs)
+        planning.build_plan(*args, **kwargs)
     return err.value.problems
 
 
@@ -98,7 +99,7 @@ def test_plan_validation_messages():
     assert any("2*CP" in p for p in _problems(
         "pretrain_llama3.1", "8b", "bf16", 8, "h100", overrides={"seq_len": 8190}))
     # FP8 on a CPU is an emulation (tests/test_fp8.py), so only a GPU without it is refused.
-    assert planmod.build_plan("pretrain_llama3.1", "tiny", "fp8", 2, "cpu").dtype == "fp8"
+    assert planning.build_plan("pretrain_llama3.1", "tiny", "fp8", 2, "cpu").dtype == "fp8"
     assert any("no MXFP8" in p for p in _problems("pretrain_llama3.1", "tiny", "mxfp8", 2,
                                                    "h100"))
     assert any("no FP8" in p for p in _problems("pretrain_llama3.1", "tiny", "fp8", 2, "a100"))
@@ -112,17 +113,17 @@ def test_plan_validation_messages():
 
 def test_nemo_uneven_split_is_accepted_for_405b_layouts():
     for size, scale in (("405b", 512), ("405b-proxy", 64), ("405b-proxy", 128)):
-        assert planmod.build_plan("pretrain_llama3.1", size, "bf16", scale, "h100")
+        assert planning.build_plan("pretrain_llama3.1", size, "bf16", scale, "h100")
 
 
 def test_overrides_parse_and_reject():
-    assert planmod.parse_overrides(["tp=2 gbs=64", "recompute=full"]) == {
+    assert overrides.parse_overrides(["tp=2 gbs=64", "recompute=full"]) == {
         "tp": 2, "gbs": 64, "recompute": "full"}
     for bad in (["tp"], ["tp=two"], ["colour=red"], ["recompute=some"]):
         with pytest.raises(planmod.PlanError):
-            planmod.parse_overrides(bad)
+            overrides.parse_overrides(bad)
 
 
 def test_unknown_gpu_accepted_with_peak():
-    p = planmod.build_plan("pretrain_llama3.1", "tiny", "bf16", 1, "mygpu", peak_tflops=100.0)
+    p = planning.build_plan("pretrain_llama3.1", "tiny", "bf16", 1, "mygpu", peak_tflops=100.0)
     assert p.peak_tflops == 100.0

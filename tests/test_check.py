@@ -20,7 +20,7 @@ import pytest
 from trainbench.catalog import recipes
 from trainbench.catalog.models import parameter_count
 from trainbench.check.cli import default_ranks, parse_ranks
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 
 TRAINBENCH = [sys.executable, "-m", "trainbench.cli"]
 

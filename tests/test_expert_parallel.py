@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from helpers import leave_spawned_rank, losses, read_metrics, train
-from trainbench.plan import PlanError, build_plan
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan
 
 LOSS_RTOL = 1e-5
 NORM_RTOL = 1e-5

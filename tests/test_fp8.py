@@ -20,7 +20,9 @@ pytest.importorskip("torchao.float8")
 
 from torch import nn  # noqa: E402
 
-from trainbench.plan import PlanError, build_plan, parse_overrides  # noqa: E402
+from trainbench.overrides import parse_overrides
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan  # noqa: E402
 
 # Tiny Llama 2 has tiny Llama 3.1's shapes (only RoPE's base and scaling differ), so its
 # FP8 GEMMs are the same ones: its fifty-step comparison (0.096%, below) was measured

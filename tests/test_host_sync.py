@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from helpers import leave_spawned_rank
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 
 HOST_READ_METHODS = {"item", "tolist", "__bool__", "__float__", "__int__", "numpy", "cpu"}
 

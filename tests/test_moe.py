@@ -32,7 +32,8 @@ from trainbench.engine.models.moe import (
     update_expert_biases,
 )
 from trainbench.engine.models.transformer import rope_cos_sin
-from trainbench.plan import PlanError, build_plan
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan
 
 QWEN_TINY = get_model("pretrain_qwen3", "tiny")
 DSV3_TINY = get_model("pretrain_deepseek_v3", "tiny")

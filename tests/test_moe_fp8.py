@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from trainbench.engine.models import build_model
 from trainbench.engine.models.moe import grouped_swiglu, moe_layers
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 
 pytest.importorskip("torchao.prototype.moe_training")
 

@@ -14,7 +14,9 @@ import pytest
 from helpers import run_cli
 from trainbench import flops as fl
 from trainbench.catalog.models import get_model, parameter_count
-from trainbench.plan import PlanError, build_plan, parse_overrides
+from trainbench.overrides import parse_overrides
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan
 from trainbench.predict.context import ENGINE
 from trainbench.predict.perf import predict_step
 

@@ -14,7 +14,8 @@ from trainbench import flops as fl
 from trainbench.catalog import recipes
 from trainbench.catalog.heldout import HELD_OUT_MOE
 from trainbench.catalog.models import get_model
-from trainbench.plan import PlanError, build_plan
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan
 from trainbench.predict.comm import (Group, all_to_all_s, latency_s, moe_all_to_all_bytes,
                                      moe_dispatch_s)
 from trainbench.predict.constants import default_constants

@@ -12,7 +12,9 @@ from helpers import losses, run_cli, train
 from trainbench import flops as fl
 from trainbench.catalog.hybrid import cut_pattern, kind_counts
 from trainbench.catalog.models import NEMOTRONH_56B_PATTERN, get_model, parameter_count
-from trainbench.plan import PlanError, build_plan, parse_overrides
+from trainbench.overrides import parse_overrides
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan
 from trainbench.predict.memory import predict_memory
 from trainbench.predict.perf import predict_step
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers import losses, train
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 
 pytestmark = pytest.mark.dist
 
@@ -30,11 +30,11 @@ import torch
 from trainbench.engine.__main__ import exit_now
 from trainbench.engine.models.mamba2 import SSMCore
 from trainbench.engine.trainer import Trainer
-from trainbench.plan import Plan
+from trainbench.planning import load_plan
 
 torch.set_num_threads(1)
 plan_path = Path(sys.argv[1])
-trainer = Trainer(Plan.load(plan_path), plan_path.parent)
+trainer = Trainer(load_plan(plan_path), plan_path.parent)
 trainer.setup()
 seen = []
 

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from helpers import losses, read_metrics, run_cli, train
+from trainbench import overrides, planning
 from trainbench import plan as planmod
 
 WORKLOAD = "pretrain_llama3.1"
@@ -89,12 +90,12 @@ def test_cpu_refuses_what_needs_cuda_in_one_line(tmp_path, settings, message):
 
 
 def test_overlap_keys_are_parsed_and_checked():
-    assert planmod.parse_overrides(["fsdp_prefetch=false reduce_dtype=bf16 cp_impl=ring",
+    assert overrides.parse_overrides(["fsdp_prefetch=false reduce_dtype=bf16 cp_impl=ring",
                                     "dp_sharding=optimizer"]) \
         == {"fsdp_prefetch": False, "reduce_dtype": "bf16", "cp_impl": "ring",
             "dp_sharding": "optimizer"}
     with pytest.raises(planmod.PlanError) as err:
-        planmod.parse_overrides(["reduce_dtype=fp16", "fsdp_prefetch=maybe", "cp_impl=ulysses",
+        overrides.parse_overrides(["reduce_dtype=fp16", "fsdp_prefetch=maybe", "cp_impl=ulysses",
                                  "dp_sharding=zero2"])
     assert err.value.problems == [
         "--set reduce_dtype=fp16: must be one of fp32, bf16",
@@ -102,14 +103,14 @@ def test_overlap_keys_are_parsed_and_checked():
         "--set cp_impl=ulysses: must be one of allgather, ring",
         "--set dp_sharding=zero2: must be one of full, gradients, optimizer"]
     with pytest.raises(planmod.PlanError) as err:
-        planmod.build_plan(WORKLOAD, "tiny", "fp32", 2, "cpu", overrides={"cp_impl": "ring"})
+        planning.build_plan(WORKLOAD, "tiny", "fp32", 2, "cpu", overrides={"cp_impl": "ring"})
     assert err.value.problems == ["--set cp_impl=ring applies only with context parallelism "
                                   "(cp > 1); add --set cp=2 or drop it"]
 
 
 def _problems(**overrides):
     with pytest.raises(planmod.PlanError) as err:
-        planmod.build_plan(WORKLOAD, "8b", "bf16", 8, "h100", overrides=overrides)
+        planning.build_plan(WORKLOAD, "8b", "bf16", 8, "h100", overrides=overrides)
     return err.value.problems
 
 
@@ -117,18 +118,18 @@ def test_async_tp_on_gpus_needs_tensor_parallel_and_compile():
     assert any("needs tp > 1" in p for p in _problems(async_tp=True, compile=True))
     assert any("drop --set compile=false" in p
                for p in _problems(async_tp=True, tp=2, compile=False))
-    plan = planmod.build_plan(WORKLOAD, "8b", "bf16", 8, "h100",
+    plan = planning.build_plan(WORKLOAD, "8b", "bf16", 8, "h100",
                               overrides={"async_tp": True, "tp": 2, "compile": True})
     assert plan.async_tp and plan.layout.tp == 2
 
 
 def test_ring_context_parallel_is_accepted_on_gpus_and_kept_in_plan_json():
-    plan = planmod.build_plan(WORKLOAD, "8b", "bf16", 8, "h100",
+    plan = planning.build_plan(WORKLOAD, "8b", "bf16", 8, "h100",
                               overrides={"cp": 2, "cp_impl": "ring", "reduce_dtype": "bf16",
                                          "fsdp_prefetch": False})
     again = planmod.Plan.from_dict(json.loads(plan.to_json()))
     assert (again.cp_impl, again.reduce_dtype, again.fsdp_prefetch) == ("ring", "bf16", False)
-    defaults = planmod.build_plan(WORKLOAD, "8b", "bf16", 8, "h100")
-    # bf16 gradients: a Megatron recipe row's own (plan.recipe_sharding).
+    defaults = planning.build_plan(WORKLOAD, "8b", "bf16", 8, "h100")
+    # bf16 gradients: a Megatron recipe row's own (planning.recipe_sharding).
     assert (defaults.cp_impl, defaults.reduce_dtype, defaults.fsdp_prefetch,
             defaults.async_tp) == ("allgather", "bf16", True, False)

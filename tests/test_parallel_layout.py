@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+from trainbench import planning
 from trainbench import plan as planmod
 from trainbench.catalog import recipes
 from trainbench.cli import app
@@ -62,7 +63,7 @@ def test_even_split_ignores_embedding_and_loss():
 
 def _problems(**over):
     try:
-        planmod.build_plan("pretrain_llama3.1", "tiny", "fp32", 8, "cpu", overrides=over)
+        planning.build_plan("pretrain_llama3.1", "tiny", "fp32", 8, "cpu", overrides=over)
     except planmod.PlanError as err:
         return err.problems
     return []
@@ -76,11 +77,11 @@ def test_pipeline_schedule_rules_are_validated():
     assert "interleaved 1F1B" in line
     # Interleaved 1F1B runs GA // PP rounds and needs GA to be a multiple of them
     # (torch.distributed.pipelining's flexible interleaving).
-    assert planmod.pipeline_schedule_problems(6, 4, 2) == []  # 1 round of 6
-    assert planmod.pipeline_schedule_problems(10, 4, 2) == []  # 2 rounds of 5
-    (line,) = planmod.pipeline_schedule_problems(9, 4, 2)  # 2 rounds: 9 is odd
+    assert planning.pipeline_schedule_problems(6, 4, 2) == []  # 1 round of 6
+    assert planning.pipeline_schedule_problems(10, 4, 2) == []  # 2 rounds of 5
+    (line,) = planning.pipeline_schedule_problems(9, 4, 2)  # 2 rounds: 9 is odd
     assert "2 rounds" in line
-    assert planmod.pipeline_schedule_problems(9, 4, 1) == []  # plain 1F1B: any GA >= PP
+    assert planning.pipeline_schedule_problems(9, 4, 1) == []  # plain 1F1B: any GA >= PP
     # Sequence parallelism splits each context shard over TP.
     assert any("CP*TP = 2*4" in p for p in _problems(tp=4, cp=2, dp=1, seq_len=132))
 
@@ -120,7 +121,7 @@ def test_every_seed_row_dry_runs_at_real_size_with_its_rank_layout(tmp_path, mon
         assert "Per-rank layout" in out and "dry run: nothing launched" in out, where
         # Rank 0 holds the embedding; the last rank (always shown) the output and loss.
         assert "embedding" in out and "output+loss" in out, where
-        last = rank_coordinates(row.gpus - 1, planmod.build_plan(
+        last = rank_coordinates(row.gpus - 1, planning.build_plan(
             row.workload, row.size, row.dtype, row.gpus, "h100"))
         assert last == {"pp": row.pp - 1, "dp": row.dp - 1, "cp": row.cp - 1, "tp": row.tp - 1}
         checked += 1

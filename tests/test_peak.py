@@ -14,7 +14,7 @@ import torch
 from helpers import experiment_dirs, run_cli
 from trainbench.engine import data
 from trainbench.engine.peak import LAYOUTS, measure_peak, model_gemms
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.results import summarize_experiment
 
 # Tiny Llama 3.1: hidden 64, 4 heads x 16 (q: 64), 2 KV heads x 16 (k, v: 32), FFN 192,

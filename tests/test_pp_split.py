@@ -9,7 +9,8 @@ import pytest
 
 from trainbench.catalog.recipes import DSV3_SPLIT_16, DSV3_SPLIT_32
 from trainbench.layout import stage_layers
-from trainbench.plan import PlanError, build_plan
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan
 from trainbench.pp_split import expand, layer_counts
 from trainbench.predict.work import pipeline_chunks
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from trainbench.cli import app
 from trainbench.engine.log import StepMetrics
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 
 runner = CliRunner()
 
@@ -154,7 +154,7 @@ def test_calibrate_with_no_runs_fails_cleanly(tmp_path, cluster_config):
 def test_the_engines_other_shardings_are_shown_beside_its_default():
     """Nemotron-H 56B FP8 on 64 H100 (TP8 DP8, 24 microbatches), a Megatron recipe row:
     the engine runs it as the distributed optimizer with bf16 gradients (the recipe's own
-    state sharding, which fits; plan.recipe_sharding), gathering the weights once a step.
+    state sharding, which fits; planning.recipe_sharding), gathering the weights once a step.
     predict shows the other two shardings beside it: both hold less and move more."""
     args = ("-w", "pretrain_nemotronh", "-s", "56b", "--dtype", "fp8", "--scale", "64",
             "--format", "json")

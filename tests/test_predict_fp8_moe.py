@@ -9,7 +9,7 @@ import pytest
 
 from trainbench.catalog.hardware import get_gpu
 from trainbench.catalog.models import get_model
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.predict import fp8_cost, moe_cost
 from trainbench.predict.constants import default_constants
 from trainbench.predict.context import make_context

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from trainbench.catalog import heldout, measured
 from trainbench.cli import app
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.predict import hardware_profile as hp
 from trainbench.predict.constants import default_constants, transfer_constants
 from trainbench.predict.perf import predict_step

@@ -3,7 +3,7 @@
 import pytest
 
 from trainbench.catalog.models import parameter_count
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.predict.device import GIB
 from trainbench.predict.memory import fits, in_flight_chunks, predict_memory, tensor_bytes
 

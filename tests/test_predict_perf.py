@@ -8,7 +8,7 @@ import pytest
 
 from trainbench import flops as fl
 from trainbench import metrics
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.predict import perf
 from trainbench.predict.constants import Constants, constants_for
 from trainbench.predict.context import make_context

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from trainbench.engine import data
 from trainbench.engine.models import build_model
 from trainbench.engine.optim import build_optimizer
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.predict.memory import tensor_bytes
 
 

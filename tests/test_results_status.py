@@ -22,7 +22,7 @@ from helpers import run_cli
 from trainbench.rundir import process_start_ticks
 from trainbench.launch.jobs import JobsDB
 from trainbench.metrics import mfu_problem
-from trainbench.plan import build_plan
+from trainbench.planning import build_plan
 from trainbench.results import summarize_experiment
 from trainbench.results.report import summary, summary_line
 from trainbench.results.status import FAILED, INVALID, RUNNING, SUCCESS

@@ -12,7 +12,8 @@ import pytest
 from trainbench.catalog.models import get_model
 from trainbench.engine.log import StepMetrics, format_step_line
 from trainbench.flops import flops_per_sequence
-from trainbench.plan import Features, build_plan
+from trainbench.plan import Features
+from trainbench.planning import build_plan
 from trainbench.results.infer import Identity, infer_identity
 from trainbench.results.parse import StepRecord
 from trainbench.results.status import (

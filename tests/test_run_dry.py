@@ -90,7 +90,7 @@ def test_run_and_predict_print_the_same_peak_memory(tmp_path, workload, size, dt
 
 def test_predict_can_still_assume_the_published_recipe(tmp_path):
     # The seeds ran Megatron's distributed optimizer: bf16 weights and gradients on every
-    # rank. The engine runs a recipe row the same way where it fits (plan.recipe_sharding),
+    # rank. The engine runs a recipe row the same way where it fits (planning.recipe_sharding),
     # so the two figures are close; fully sharded (FSDP2 as ZeRO-3) it needs less.
     common = ("-w", "pretrain_llama3.1", "-s", "8b", "--dtype", "bf16", "--scale", "8")
     engine = run_cli("predict", *common, root=tmp_path)

@@ -25,7 +25,8 @@ from trainbench.launch.jobs import (JobsDB, jobcomp_record, normalise_state, par
                                     parse_exit_code, refresh)
 from trainbench.launch.sbatch import render_sbatch
 from trainbench.launch.slurm import SlurmError, SlurmOptions, check_extra_arg, check_options
-from trainbench.plan import PlanError, build_plan
+from trainbench.plan import PlanError
+from trainbench.planning import build_plan
 
 HOSTILE = ["$(touch {c})", "`touch {c}`", "'; touch {c}; '", '"; touch {c}; "',
            "a b\\ $HOME {c}", "${{IFS}}touch${{IFS}}{c}", "x & touch {c} &", "|touch {c}"]

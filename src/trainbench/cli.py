@@ -89,7 +89,9 @@ def _resolve_model(workload: str, size: str):
 def _shaped_model(model, settings: List[str]):
     """`show --set`: the model cut by layers=N, pattern=... or experts=N (other keys shape
     a run)."""
-    from .plan import PlanError, parse_overrides, shape_model
+    from .overrides import parse_overrides
+    from .plan import PlanError
+    from .planning import shape_model
     try:
         overrides = parse_overrides(settings)
         other = sorted(set(overrides) - {"layers", "pattern", "experts"})

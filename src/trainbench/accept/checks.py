@@ -9,7 +9,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..plan import Plan
+from ..planning import load_plan
 from ..probe.profile import (MEMORY_METRIC, SUSTAINED_METRIC, ProbeError, load_profile,
                              rank_metrics)
 from ..results.summary import summarize_experiment
@@ -118,7 +118,7 @@ def _measure(res: RowResult, exp: Path | None) -> None:
     if r is None:
         return
     res.step_s, res.mfu_pct, res.memory_gib = r.step_time_mean_s, r.mfu_pct, r.peak_memory_gib
-    pred = predicted(Plan.load(exp / "plan.json"))
+    pred = predicted(load_plan(exp / "plan.json"))
     res.pred_step_s, res.pred_mfu_pct = pred["step_s"], pred["mfu_pct"]
     res.pred_memory_gib = pred["memory_gib"]
     if r.mfu_problem:

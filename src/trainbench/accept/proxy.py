@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..plan import Plan, PlanError, build_plan, parse_overrides
+from ..overrides import parse_overrides
+from ..plan import Plan, PlanError
+from ..planning import build_plan
 from ..predict.context import ENGINE
 from ..predict.memory import predict_memory
 from ..predict.perf import predict_step

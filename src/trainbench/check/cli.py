@@ -246,7 +246,9 @@ def check(
     import json
 
     from ..config import load_config
-    from ..plan import PlanError, build_plan, parse_overrides
+    from ..overrides import parse_overrides
+    from ..plan import PlanError
+    from ..planning import build_plan
 
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use table or json")

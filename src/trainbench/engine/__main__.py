@@ -13,11 +13,12 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     whole_lines()
-    from ..plan import Plan, PlanError
+    from ..plan import PlanError
+    from ..planning import load_plan
     plan_path = Path(argv[0])
     try:
         # Read before torch is imported: a missing or broken plan costs no start-up.
-        plan = Plan.load(plan_path)
+        plan = load_plan(plan_path)
     except PlanError as err:
         print(f"trainbench: error: {err.problems[0]}", file=sys.stderr)
         return 2

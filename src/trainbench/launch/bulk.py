@@ -31,7 +31,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..plan import Plan, PlanError, build_plan, parse_overrides
+from ..overrides import parse_overrides
+from ..plan import Plan, PlanError
+from ..planning import build_plan
 
 EXECUTORS = ("local", "slurm")
 # Bounds on what one file can expand to: the runs are listed (and planned) up front, so a

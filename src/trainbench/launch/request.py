@@ -196,7 +196,9 @@ def _gpu_type(req: RunRequest, gpu: str | None) -> str:
 def plan_run(req: RunRequest) -> PlannedRun:
     """Everything a run needs, checked before anything is created or printed."""
     from ..config import load_config
-    from ..plan import Features, PlanError, build_plan, parse_overrides
+    from ..overrides import parse_overrides
+    from ..plan import Features, PlanError
+    from ..planning import build_plan
 
     if req.executor not in ("local", "slurm"):
         raise RunRequestError(f"unknown executor {req.executor!r}; use local or slurm")

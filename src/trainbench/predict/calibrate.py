@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import metrics
 from ..plan import Plan
+from ..planning import load_plan
 from .constants import CALIBRATION_KEY, Constants, constants_for
 from .context import Context, make_context
 from .perf import predict_from_context
@@ -100,7 +101,7 @@ def total_iterations(metrics_path: Path, times: dict[int, float]) -> int:
 
 def read_run(directory: Path) -> MeasuredRun | None:
     """A measured run from one experiment directory; None when it has no usable steps."""
-    plan = Plan.load(directory / PLAN_FILE)
+    plan = load_plan(directory / PLAN_FILE)
     mpath = directory / METRICS_FILE
     if not mpath.exists():
         return None

@@ -141,7 +141,8 @@ def _check_prediction_options(workload, size, scale, top: int, headroom: float) 
 
 
 def _overrides(sets: list[str] | None) -> dict:
-    from ..plan import PlanError, parse_overrides
+    from ..overrides import parse_overrides
+    from ..plan import PlanError
     try:
         return parse_overrides(sets or [])
     except PlanError as err:
@@ -163,7 +164,8 @@ def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt
              facts, megatron) -> None:
     import json
 
-    from ..plan import PlanError, build_plan
+    from ..plan import PlanError
+    from ..planning import build_plan
     from .hardware_profile import predict_with_profile
     from .report import prediction_dict
     try:
@@ -195,7 +197,7 @@ def _sharding_alternatives(plan, facts, sharding: str, config) -> list[dict]:
     the recipe's own framework), so a reader sees what gathering less often would buy."""
     from dataclasses import replace
 
-    from ..plan import CHOICE_KEYS
+    from ..overrides import CHOICE_KEYS
     from .context import ENGINE
     from .hardware_profile import predict_with_profile
     lay = plan.layout

@@ -14,7 +14,8 @@ from dataclasses import replace
 
 from ..catalog import hardware, recipes
 from ..catalog.models import get_model
-from ..plan import Layout, Plan, PlanError, build_plan
+from ..plan import Layout, Plan, PlanError
+from ..planning import build_plan
 
 
 def published_plan(workload: str, size: str, dtype: str, gpus: int, gpu_type: str, *,

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from ..catalog import hardware
 from ..catalog.models import get_model
-from ..plan import (CHOICE_KEYS, Plan, PlanError, build_plan, layers_split_ok, pipeline_layers,
-                    shape_model)
+from ..overrides import CHOICE_KEYS
+from ..plan import Plan, PlanError, layers_split_ok, pipeline_layers
+from ..planning import build_plan, shape_model
 from .context import ENGINE, MegatronRun, make_context
 from .device import GIB
 from .memory import memory_from_context
