@@ -20,6 +20,7 @@ from .plan import (DTYPES, FP8_RECIPES, Features, Layout, Plan, PlanError, exper
 from .pp_split import layer_counts
 from .predict.memory import predict_memory
 
+
 def shape_model(model: ModelSpec, layers: int | None = None,
                 pattern: str | None = None, experts: int | None = None) -> ModelSpec:
     """The model with `--set layers=N`, `--set pattern=...` or `--set experts=N` applied;
@@ -81,6 +82,87 @@ def pipeline_schedule_problems(microbatches: int, pp: int, vp: int) -> list[str]
     return []
 
 
+def _recipe_row(workload: str, size: str, dtype: str, scale: int, gpu_type: str,
+                overrides: dict, model: ModelSpec) -> recipes.RecipeRow:
+    """The recipe row the plan starts from; a layout given in full with --set needs none
+    at this scale."""
+    # MXFP8 runs its own published layout where there is one at this scale on this GPU
+    # (the MoE rows on Blackwell), else the FP8 recipe's.
+    row_dtype = dtype
+    if dtype == "mxfp8" and not any(r.gpus == scale for r in recipes.rows_for(
+            workload, size, "mxfp8", gpu_type)):
+        row_dtype = "fp8"
+    try:
+        row = recipes.find_row(workload, size, row_dtype, scale, gpu_type)
+    except LookupError as err:
+        if not any(k in overrides for k in ("tp", "pp", "cp", "dp")):
+            raise PlanError([str(err)]) from None
+        # A layout given in full with --set needs no recipe row at this scale: start
+        # from the nearest row and let validation check the result.
+        rows = recipes.rows_for(workload, size, row_dtype)
+        if not rows:
+            # No recipe in this dtype (Qwen3 30B-A3B in bf16) or none at all: the layout
+            # given with --set is the whole plan; batch sizes default to one sequence per
+            # rank.
+            rows = [recipes.RecipeRow(
+                workload, size, row_dtype, gpu_type, scale, model.seq_len, pipeline_layers(model),
+                1, 1, 1, 1, scale, 1, 1, scale, 1, f"--set (no published {row_dtype} recipe)")]
+        row = min(rows, key=lambda r: abs(r.gpus - scale))
+        row = replace(row, gpus=scale, note=f"layout from --set (no recipe row at scale {scale})")
+    return row
+
+
+def _shaped_model(workload: str, size: str, model: ModelSpec, row: recipes.RecipeRow,
+                  overrides: dict) -> tuple[ModelSpec, recipes.RecipeRow]:
+    """The model cut by --set layers/pattern/experts (a proxy, noted on the row), or at
+    the row's depth (the 405B proxies)."""
+    if overrides.keys() & {"layers", "pattern", "experts"}:
+        model = shape_model(model, overrides.pop("layers", None), overrides.pop("pattern", None),
+                            overrides.pop("experts", None))
+        published = get_model(workload, size)
+        if not published.is_hybrid:
+            published = published.with_layers(row.layers)
+        if row.source != recipes.TINY and model != published:
+            row = replace(row, note=row.note + ("; " if row.note else "")
+                          + f"a proxy of {get_model(workload, size).name} ({proxy_shape(model)}):"
+                          " no published reference")
+    elif not model.is_hybrid and row.layers != model.layers:
+        model = model.with_layers(row.layers)  # the 405B proxies
+    return model, row
+
+
+def _layout(row: recipes.RecipeRow, overrides: dict, scale: int) -> Layout:
+    """The row's parallel layout with the --set degrees applied; DP follows the others."""
+    layout = Layout(tp=row.tp, pp=row.pp, cp=row.cp, ep=row.ep, dp=row.dp, vp=row.vp,
+                    dp_shard=row.dp_shard, pp_split=row.pp_split)
+    layout_over = {k: overrides.pop(k) for k in LAYOUT_KEYS + TEXT_KEYS if k in overrides}
+    if layout_over.keys() & {"pp", "vp"} and "pp_split" not in layout_over:
+        layout = replace(layout, pp_split="")  # the row's split is for the row's stages
+    if layout_over:
+        layout = replace(layout, **layout_over)
+        if "dp" not in layout_over and scale % (layout.tp * layout.pp * layout.cp) == 0:
+            layout = replace(layout, dp=scale // (layout.tp * layout.pp * layout.cp))
+        if "dp_shard" not in layout_over:
+            layout = replace(layout, dp_shard=0)
+    return layout
+
+
+def _set_run_defaults(overrides: dict, tiny: bool, gpu_type: str) -> None:
+    """Learning rate, warm-up, recompute and compile where --set left them."""
+    # NeMo's recipes: lr 3e-4 warming up over 2000 steps (a 50-step benchmark never leaves
+    # the warm-up). The tiny proxies learn their synthetic task within 50 steps instead.
+    overrides.setdefault("lr", 3e-3 if tiny else 3e-4)
+    overrides.setdefault("min_lr", overrides["lr"] / 10)
+    overrides.setdefault("warmup_steps", 5 if tiny else 2000)
+    if "compile" in overrides:
+        overrides["compile_source"] = "set"
+    else:
+        # On by default on GPUs, as torchtitan runs. Off on a CPU: inductor's C++ code
+        # generation costs tens of seconds per block shape there, and a CPU run checks
+        # numerics, which compiled and eager share (tests/test_compile.py).
+        overrides["compile"] = gpu_type != hardware.CPU
+
+
 def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, *,
                overrides: dict | None = None, steps: int = 50, features: Features | None = None,
                peak_tflops: float | None = None, gpus_per_node: int | None = None,
@@ -107,54 +189,11 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         except LookupError as err:
             if peak_tflops is None:
                 raise PlanError([str(err)]) from None
-    # MXFP8 runs its own published layout where there is one at this scale on this GPU
-    # (the MoE rows on Blackwell), else the FP8 recipe's.
-    row_dtype = dtype
-    if dtype == "mxfp8" and not any(r.gpus == scale for r in recipes.rows_for(
-            workload, size, "mxfp8", gpu_type)):
-        row_dtype = "fp8"
-    try:
-        row = recipes.find_row(workload, size, row_dtype, scale, gpu_type)
-    except LookupError as err:
-        if not any(k in overrides for k in ("tp", "pp", "cp", "dp")):
-            raise PlanError([str(err)]) from None
-        # A layout given in full with --set needs no recipe row at this scale: start
-        # from the nearest row and let validation check the result.
-        rows = recipes.rows_for(workload, size, row_dtype)
-        if not rows:
-            # No recipe in this dtype (Qwen3 30B-A3B in bf16) or none at all: the layout
-            # given with --set is the whole plan; batch sizes default to one sequence per
-            # rank.
-            rows = [recipes.RecipeRow(
-                workload, size, row_dtype, gpu_type, scale, model.seq_len, pipeline_layers(model),
-                1, 1, 1, 1, scale, 1, 1, scale, 1, f"--set (no published {row_dtype} recipe)")]
-        row = min(rows, key=lambda r: abs(r.gpus - scale))
-        row = replace(row, gpus=scale, note=f"layout from --set (no recipe row at scale {scale})")
+    row = _recipe_row(workload, size, dtype, scale, gpu_type, overrides, model)
 
-    if overrides.keys() & {"layers", "pattern", "experts"}:
-        model = shape_model(model, overrides.pop("layers", None), overrides.pop("pattern", None),
-                            overrides.pop("experts", None))
-        published = get_model(workload, size)
-        if not published.is_hybrid:
-            published = published.with_layers(row.layers)
-        if row.source != recipes.TINY and model != published:
-            row = replace(row, note=row.note + ("; " if row.note else "")
-                          + f"a proxy of {get_model(workload, size).name} ({proxy_shape(model)}):"
-                          " no published reference")
-    elif not model.is_hybrid and row.layers != model.layers:
-        model = model.with_layers(row.layers)  # the 405B proxies
+    model, row = _shaped_model(workload, size, model, row, overrides)
 
-    layout = Layout(tp=row.tp, pp=row.pp, cp=row.cp, ep=row.ep, dp=row.dp, vp=row.vp,
-                    dp_shard=row.dp_shard, pp_split=row.pp_split)
-    layout_over = {k: overrides.pop(k) for k in LAYOUT_KEYS + TEXT_KEYS if k in overrides}
-    if layout_over.keys() & {"pp", "vp"} and "pp_split" not in layout_over:
-        layout = replace(layout, pp_split="")  # the row's split is for the row's stages
-    if layout_over:
-        layout = replace(layout, **layout_over)
-        if "dp" not in layout_over and scale % (layout.tp * layout.pp * layout.cp) == 0:
-            layout = replace(layout, dp=scale // (layout.tp * layout.pp * layout.cp))
-        if "dp_shard" not in layout_over:
-            layout = replace(layout, dp_shard=0)
+    layout = _layout(row, overrides, scale)
     mbs = overrides.pop("mbs", row.mbs)
     gbs = overrides.pop("gbs", row.gbs)
     seq_len = overrides.pop("seq_len", row.seq_len)
@@ -162,20 +201,8 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     peak = overrides.pop("peak_tflops", peak_tflops)
     if peak is None and gpu is not None:
         peak = gpu.peak(dtype)
-    # NeMo's recipes: lr 3e-4 warming up over 2000 steps (a 50-step benchmark never leaves
-    # the warm-up). The tiny proxies learn their synthetic task within 50 steps instead.
-    tiny = row.source == recipes.TINY
-    overrides.setdefault("lr", 3e-3 if tiny else 3e-4)
-    overrides.setdefault("min_lr", overrides["lr"] / 10)
-    overrides.setdefault("warmup_steps", 5 if tiny else 2000)
     overrides.setdefault("recompute", row.recompute)
-    if "compile" in overrides:
-        overrides["compile_source"] = "set"
-    else:
-        # On by default on GPUs, as torchtitan runs. Off on a CPU: inductor's C++ code
-        # generation costs tens of seconds per block shape there, and a CPU run checks
-        # numerics, which compiled and eager share (tests/test_compile.py).
-        overrides["compile"] = gpu_type != hardware.CPU
+    _set_run_defaults(overrides, tiny=row.source == recipes.TINY, gpu_type=gpu_type)
     per_node = overrides.pop("gpus_per_node", gpus_per_node)
     if per_node is None:
         per_node = gpu.gpus_per_node if gpu else scale
@@ -317,25 +344,9 @@ def overlap_problems(plan: Plan) -> list[str]:
     return p
 
 
-def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
-    """Every problem with a plan, one line each (empty when the plan is valid)."""
+def _model_problems(plan: Plan) -> list[str]:
+    """What the model's heads, Mamba groups and experts need of the layout."""
     p, m, lay = [], plan.model, plan.layout
-    for key in ("tp", "pp", "cp", "ep", "dp", "vp"):
-        if getattr(lay, key) < 1:
-            p.append(f"{key}={getattr(lay, key)} must be at least 1")
-    for key in ("mbs", "gbs", "seq_len", "steps", "gpus_per_node"):
-        if getattr(plan, key) < 1:
-            p.append(f"{key}={getattr(plan, key)} must be at least 1")
-    if p:
-        return p
-    if lay.world_size != scale:
-        p.append(f"TP*PP*CP*DP = {lay.tp}*{lay.pp}*{lay.cp}*{lay.dp} = {lay.world_size} "
-                 f"but the scale is {scale} ranks; fix --scale or the layout in --set")
-    if plan.gbs % (plan.mbs * lay.dp):
-        p.append(f"GBS {plan.gbs} is not divisible by MBS*DP = {plan.mbs}*{lay.dp}; "
-                 f"use a multiple of {plan.mbs * lay.dp}")
-    if lay.dp_shard and lay.dp % lay.dp_shard:
-        p.append(f"dp_shard {lay.dp_shard} does not divide DP {lay.dp}")
     if m.heads % lay.tp:
         p.append(f"{m.heads} attention heads are not divisible by TP={lay.tp}")
     if m.kv_heads % lay.tp:
@@ -371,6 +382,12 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
             p.append(f"{plan.workload}: FP8 for MoE needs torchao's float8 grouped GEMM "
                      "(Triton kernels and torch._scaled_grouped_mm: CUDA GPUs only); on a "
                      "CPU use --dtype mxfp8 (emulated) or bf16")
+    return p
+
+
+def _sequence_and_pipeline_problems(plan: Plan) -> list[str]:
+    """The pipeline split and schedule, and the sequence split over CP and TP."""
+    p, m, lay = [], plan.model, plan.layout
     if lay.vp > 1 and lay.pp == 1:
         p.append(f"VP={lay.vp} needs pipeline parallelism (PP > 1); set vp=1 or pp>1")
     layers = pipeline_layers(m)
@@ -393,6 +410,11 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
                  "(sequence parallel splits each context shard over TP)")
     if lay.pp > 1 and plan.gbs % (plan.mbs * lay.dp) == 0:
         p.extend(pipeline_schedule_problems(plan.ga, lay.pp, lay.vp))
+    return p
+
+
+def _dtype_problems(plan: Plan, gpu: hardware.GPU | None) -> list[str]:
+    p = []
     # A CPU runs FP8 as an emulation (torch._scaled_mm in software): the numerics of the
     # GPU path, checked in tests, with no performance meaning (no MFU).
     if plan.dtype == "fp8" and gpu is not None and gpu.peak("fp8") is None:
@@ -406,9 +428,12 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
     elif plan.fp8_recipe != FP8_RECIPES[0] and plan.dtype != "fp8":
         p.append(f"--set fp8_recipe={plan.fp8_recipe} applies only to --dtype fp8 "
                  f"(this run is {plan.dtype}); add --dtype fp8 or drop it")
-    p.extend(overlap_problems(plan))
-    if lay.world_size > plan.gpus_per_node and lay.world_size % plan.gpus_per_node:
-        p.append(f"{lay.world_size} ranks do not fill whole nodes of {plan.gpus_per_node}")
+    return p
+
+
+def _feature_problems(plan: Plan) -> list[str]:
+    """Profiling, the NCCL trace and checkpoints against the run's steps and device."""
+    p = []
     f = plan.features
     if f.profile and not (0 <= f.profile_start <= f.profile_stop):
         p.append(f"profile steps {f.profile_start}-{f.profile_stop} must satisfy 0 <= start <= stop")
@@ -421,6 +446,35 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
         p.append(f"profile steps {f.profile_start}-{f.profile_stop} are not all in the run "
                  f"(iterations 0-{plan.steps - 1}); use --steps {f.profile_stop + 1} or more, "
                  "or other --profile-steps")
+    return p
+
+
+def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
+    """Every problem with a plan, one line each (empty when the plan is valid)."""
+    p, lay = [], plan.layout
+    for key in ("tp", "pp", "cp", "ep", "dp", "vp"):
+        if getattr(lay, key) < 1:
+            p.append(f"{key}={getattr(lay, key)} must be at least 1")
+    for key in ("mbs", "gbs", "seq_len", "steps", "gpus_per_node"):
+        if getattr(plan, key) < 1:
+            p.append(f"{key}={getattr(plan, key)} must be at least 1")
+    if p:
+        return p
+    if lay.world_size != scale:
+        p.append(f"TP*PP*CP*DP = {lay.tp}*{lay.pp}*{lay.cp}*{lay.dp} = {lay.world_size} "
+                 f"but the scale is {scale} ranks; fix --scale or the layout in --set")
+    if plan.gbs % (plan.mbs * lay.dp):
+        p.append(f"GBS {plan.gbs} is not divisible by MBS*DP = {plan.mbs}*{lay.dp}; "
+                 f"use a multiple of {plan.mbs * lay.dp}")
+    if lay.dp_shard and lay.dp % lay.dp_shard:
+        p.append(f"dp_shard {lay.dp_shard} does not divide DP {lay.dp}")
+    p.extend(_model_problems(plan))
+    p.extend(_sequence_and_pipeline_problems(plan))
+    p.extend(_dtype_problems(plan, gpu))
+    p.extend(overlap_problems(plan))
+    if lay.world_size > plan.gpus_per_node and lay.world_size % plan.gpus_per_node:
+        p.append(f"{lay.world_size} ranks do not fill whole nodes of {plan.gpus_per_node}")
+    p.extend(_feature_problems(plan))
     if plan.peak_tflops is not None and not (math.isfinite(plan.peak_tflops)
                                              and plan.peak_tflops > 0):
         p.append(f"peak TFLOPS {plan.peak_tflops} must be a positive number")
