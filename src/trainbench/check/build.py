@@ -407,6 +407,39 @@ def pipeline_trace_microbatches(plan: Plan) -> int:
     return min(plan.ga, 4 * plan.layout.pp)
 
 
+def _trace_batches(trainer, microbatches: int, pipeline: bool) -> list:
+    """Real (small) batches: the synthetic data generator reads numbers back, which a
+    fake tensor cannot; fake mode takes them as inputs. A pipeline's schedule runs all of
+    the step's microbatches in one call."""
+    if pipeline:
+        return trainer.timed_step_inputs(0)
+    batches = [trainer.context_shard(i, t) for i, t in trainer.step_batches(0)]
+    return batches[:microbatches]
+
+
+def _trace_result(rank: int, tracker, info: dict, buffers: list, traced_plan: Plan,
+                  step_microbatches: int, traced_batches: int, pipeline: bool) -> dict:
+    """The traced rank's peak: the tracker's forward/backward peak by category, plus the
+    optimizer's moments the build counted and the pipeline's receive buffers."""
+    snapshot = tracker.get_tracker_snapshot("peak")
+    (device_snapshot,) = snapshot.values()
+    parts = {str(getattr(k, "value", k)): int(v) for k, v in device_snapshot.items()}
+    total = parts.pop("Total")
+    # Buffers the set-up left alive all step, one per microbatch and stage (none with
+    # the engine's stages): the step's are the traced ones scaled.
+    buffer_bytes = (sum(b.numel() * b.element_size() for b in buffers)
+                    * step_microbatches // traced_plan.ga)
+    out = {"rank": rank, "error": None,
+           "microbatches": traced_plan.ga if pipeline else traced_batches,
+           "step_microbatches": step_microbatches,
+           "categories": {k: v for k, v in parts.items() if v},
+           "forward_backward_peak_bytes": total,
+           "optimizer_bytes": info["optimizer_bytes"],
+           "pipeline_buffer_bytes": buffer_bytes,
+           "peak_bytes": total + info["optimizer_bytes"] + buffer_bytes}
+    return out
+
+
 def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
                pipeline_microbatches: int | None = None) -> dict:
     """Forward and backward of the rank's first microbatches under FakeTensorMode with
@@ -446,13 +479,7 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
                    if lay.pp > 1 else [0])
         info = count_rank(plan, rank, indices, trainer.model_parts)
         pipeline = trainer.pipeline is not None
-        # Real (small) batches: the synthetic data generator reads numbers back, which a
-        # fake tensor cannot; fake mode takes them as inputs.
-        if pipeline:  # the schedule runs all of the step's microbatches in one call
-            batches = trainer.timed_step_inputs(0)
-        else:
-            batches = [trainer.context_shard(i, t) for i, t in trainer.step_batches(0)]
-            batches = batches[:microbatches]
+        batches = _trace_batches(trainer, microbatches, pipeline)
         trainer.positions()
         neighbours = (_pipeline_neighbours_standin(trainer, plan) if pipeline
                       else contextlib.nullcontext())
@@ -479,22 +506,8 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
                         trainer.forward_backward_step(inputs, labels)
                     # Module-wise stats cover one forward each; the peak is kept.
                     tracker.reset_mod_stats()
-        snapshot = tracker.get_tracker_snapshot("peak")
-        (device_snapshot,) = snapshot.values()
-        parts = {str(getattr(k, "value", k)): int(v) for k, v in device_snapshot.items()}
-        total = parts.pop("Total")
-        # Buffers the set-up left alive all step, one per microbatch and stage (none with
-        # the engine's stages): the step's are the traced ones scaled.
-        buffer_bytes = (sum(b.numel() * b.element_size() for b in buffers)
-                        * step_microbatches // traced_plan.ga)
-        out = {"rank": rank, "error": None,
-               "microbatches": traced_plan.ga if pipeline else len(batches),
-               "step_microbatches": step_microbatches,
-               "categories": {k: v for k, v in parts.items() if v},
-               "forward_backward_peak_bytes": total,
-               "optimizer_bytes": info["optimizer_bytes"],
-               "pipeline_buffer_bytes": buffer_bytes,
-               "peak_bytes": total + info["optimizer_bytes"] + buffer_bytes}
+        out = _trace_result(rank, tracker, info, buffers, traced_plan, step_microbatches,
+                            len(batches), pipeline)
     except Exception as err:  # an op without a fake kernel is the finding
         text = str(err).strip().splitlines()
         out = {"rank": rank, "error": f"{type(err).__name__}: {text[0] if text else ''}"}

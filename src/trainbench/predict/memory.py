@@ -262,14 +262,10 @@ def mla_up_projection_bytes(ctx: Context) -> float:
     return up - latents
 
 
-def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
-    plan, c = ctx.plan, ctx.constants
-    lay = plan.layout
-    chunks = ctx.rank_counts[rank]
-    kinds = {k: 0 for chunk in chunks for k in chunk}
-    for chunk in chunks:
-        for k, n in chunk.items():
-            kinds[k] += n
+def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ...]:
+    """Bytes of (weights, gradients, optimizer state, transient model state) on a rank
+    holding `kinds` layers, under the context's sharding."""
+    plan, lay = ctx.plan, ctx.plan.layout
     params = sum(ctx.work[k].params * n for k, n in kinds.items())
     fp8_params = sum(n * _fp8_params(ctx.work[k]) for k, n in kinds.items())
     mixed = plan.dtype != "fp32"
@@ -321,6 +317,18 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
             # appear only when those are reduce-scattered, and are set to None after the
             # optimizer step: at the step's peak the unsharded gradients are the only ones.
             grads = float(plan.reduce_bytes) * params
+    return weights, grads, optimizer, transient
+
+
+def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
+    plan, c = ctx.plan, ctx.constants
+    lay = plan.layout
+    chunks = ctx.rank_counts[rank]
+    kinds = {k: 0 for chunk in chunks for k in chunk}
+    for chunk in chunks:
+        for k, n in chunk.items():
+            kinds[k] += n
+    weights, grads, optimizer, transient = _model_state(ctx, kinds, chunks)
 
     recompute = plan.recompute
     kept = {k: _kept(ctx, k, recompute) for k in kinds}
