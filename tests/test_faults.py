@@ -208,7 +208,7 @@ def test_a_checkpoint_that_does_not_fit_is_named_disk_full_and_removed(small_dis
     import torch.distributed as dist
 
     from trainbench.engine.checkpoint import Checkpointer
-    from trainbench.engine.trainer import failure_line
+    from trainbench.engine.run_records import failure_line
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         model = torch.nn.Linear(256, 256)

@@ -79,6 +79,28 @@ def root_of_experiment(exp_dir: Path, cluster: dict | None = None) -> Path:
     return experiments_root(cluster)
 
 
+def write_run_record(exp_dir: str | Path, info: dict) -> None:
+    """run.json written beside and renamed: a reader (or a full disk) never sees half."""
+    import json
+    path = Path(exp_dir) / RUN_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(info, indent=2))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def update_run_record(exp_dir: str | Path, fields: dict) -> None:
+    """run.json with `fields` added or replaced, written atomically (write_run_record);
+    OSError when it cannot be, leaving run.json as it was."""
+    import json
+    info = json.loads((Path(exp_dir) / RUN_FILE).read_text())
+    info.update(fields)
+    write_run_record(exp_dir, info)
+
+
 def log_file_name(name: str) -> str:
     return f"log-{name}.out"
 

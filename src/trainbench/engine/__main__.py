@@ -32,7 +32,8 @@ def main(argv: list[str]) -> int:
     # (Trainer.materialize), so DTensor's CPU RNG caveat does not apply.
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete")
 
-    from .trainer import Trainer, report_failure
+    from .run_records import report_failure
+    from .trainer import Trainer
     exp_dir = plan_path.parent
     if plan.device == "cpu":
         # Ranks share the cores; oversubscribed threads would only fight each other.

@@ -8,21 +8,18 @@ and a metrics.jsonl record.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import resource
 import signal
 import socket
-import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from .. import flops as flops_mod
-from ..rundir import METRICS_FILE, RUN_FILE, log_file_name
+from ..rundir import METRICS_FILE, log_file_name, update_run_record, write_run_record
 from ..metrics import default_window
 from ..plan import FP8_DTYPES, Plan
 from . import data
@@ -32,6 +29,7 @@ from .optim import build_optimizer, lr_at
 from .optim import describe as describe_optimizer
 from .parallel import clip_grad_norm_, compile_description
 from .parallel.mesh import ParallelDims
+from .run_records import WindowTelemetry, record_conditions, report_stragglers
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16,
                   "fp32": torch.float32}
@@ -182,7 +180,7 @@ class Trainer:
             self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = resolve_peak(
                 self.plan, self.compute_dtype,
                 autocast=single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32)
-        self.conditions = self.record_conditions() if self.local_rank == 0 else None
+        self.conditions = record_conditions(self.exp_dir) if self.local_rank == 0 else None
         if self.rank == 0:
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             self.log_file = open(self.log_path, "a", buffering=1)
@@ -232,23 +230,23 @@ class Trainer:
             self.step = self.checkpointer.load(f.load_checkpoint)
             self.total_steps = self.step + self.plan.steps
             if self.rank == 0:  # results read the iterations a resumed run covers here
-                info = json.loads((self.exp_dir / RUN_FILE).read_text())
-                info.update(first_iteration=self.step, loaded_checkpoint=f.load_checkpoint)
-                (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
+                update_run_record(self.exp_dir, {"first_iteration": self.step,
+                                                 "loaded_checkpoint": f.load_checkpoint})
         self.tracer = StepTracer(self.plan, self.rank, self.world_size, self.device,
                                  self.exp_dir, self.dims, self.log, self.step,
                                  self.total_steps - 1)
         # Telemetry covers the window results analyse (the seeds' 11-44 of 50, scaled).
         start, end = default_window(self.plan.steps)
-        self.telemetry_window = (self.step + start, self.step + end)
-        self.telemetry = None
+        self.telemetry = WindowTelemetry(self.plan, (self.step + start, self.step + end),
+                                         self.device, self.rank, self.local_rank,
+                                         self.world_size, self.exp_dir, self.log)
         from .straggler import (StragglerMonitor, install_slow_hook, instrumented_steps,
                                 not_measured)
         install_slow_hook(self.model_parts, self.rank)
         # A few steps time each rank's compute apart from its waits in collectives. Not
         # with PP: a stage's send and its peer's are issued in one batch, and waiting for
         # each where it is issued could leave both ranks waiting on their sends.
-        steps = (instrumented_steps(self.step, self.total_steps, self.telemetry_window)
+        steps = (instrumented_steps(self.step, self.total_steps, self.telemetry.window)
                  if self.world_size > 1 and not self.dims.pp_enabled else [])
         if not steps and self.world_size > 1 and not self.dims.pp_enabled:
             self.log(f"trainbench: {not_measured(self.plan.steps)}")
@@ -256,81 +254,8 @@ class Trainer:
             traced = range(self.tracer.window[0] - 1, self.tracer.window[1] + 1)
             steps = [s for s in steps if s not in traced]
         self.straggler = StragglerMonitor(
-            self.device, self.rank, self.local_rank, steps, self.telemetry_window,
+            self.device, self.rank, self.local_rank, steps, self.telemetry.window,
             stage=self.dims.coordinate("pp") if self.dims.pp_enabled else 0)
-
-    def record_conditions(self) -> dict:
-        """This node's conditions (local rank 0), also written to conditions-<host>.json.
-        A record that cannot be made never stops the run: the reason is in `missing`."""
-        from .. import conditions
-        try:
-            info = conditions.collect(rank_threads=torch.get_num_threads())
-        except Exception as exc:  # noqa: BLE001
-            info = {"schema": conditions.SCHEMA,
-                    "missing": [f"conditions: {type(exc).__name__}: {exc}"]}
-        self.exp_dir.mkdir(parents=True, exist_ok=True)
-        path = self.exp_dir / f"conditions-{socket.gethostname()}.json"
-        path.write_text(json.dumps(info, indent=2))
-        return info
-
-    def telemetry_before_step(self, step: int) -> None:
-        if step == self.telemetry_window[0] and self.local_rank == 0:
-            from .telemetry import Sampler
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-            self.telemetry = Sampler(self.device.type, local_gpus=local)
-            self.telemetry.start()
-
-    def metrics_record(self, metrics: StepMetrics) -> str:
-        """The step's metrics.jsonl line; inside the window it carries rank 0's node
-        telemetry for the step (`telemetry`: energy, mean clock and power, peak
-        temperature, slowdown reasons)."""
-        line = metrics.to_json()
-        step = self.telemetry.step_summary() if self.telemetry is not None else None
-        if step is None:
-            return line
-        data = json.loads(line)
-        data["telemetry"] = step
-        return json.dumps(data)
-
-    def telemetry_after_step(self, step: int) -> None:
-        """At the window's end every rank joins one all-reduce of the nodes' energy and
-        throttling; rank 0 writes the job's summary into run.json."""
-        if step != self.telemetry_window[1]:
-            return
-        from .telemetry import combine
-        node = self.telemetry.stop() if self.telemetry is not None else None
-        self.telemetry = None
-        energy = node.get("energy_j") if node else None
-        # [nodes, nodes with energy, energy (J), nodes throttled]
-        facts = torch.tensor([1.0 if node else 0.0, 1.0 if energy is not None else 0.0,
-                              energy or 0.0, 1.0 if node and node.get("throttled") else 0.0],
-                             dtype=torch.float64, device=self.device)
-        dist.all_reduce(facts, op=dist.ReduceOp.SUM)
-        if self.rank != 0:
-            return
-        first, last = self.telemetry_window
-        tokens = self.plan.seq_len * self.plan.gbs * (last - first + 1)
-        nodes, with_energy, total, throttled = facts.tolist()
-        node = node or {"source": None, "samples": 0, "throttled": None, "throttle_reasons": [],
-                        "missing": ["telemetry: rank 0 sampled nothing"]}
-        summary = combine(node, total if with_energy else None, int(nodes), int(with_energy),
-                          int(throttled), tokens)
-        summary["window"] = [first, last]
-        path = self.exp_dir / RUN_FILE
-        info = json.loads(path.read_text())
-        info["telemetry"] = summary
-        # Written beside and renamed: a full disk leaves run.json as it was, and the
-        # run goes on (its own failure, if any, is the checkpoint's to report).
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(info, indent=2))
-            os.replace(tmp, path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            self.log(f"trainbench: telemetry not written to {RUN_FILE}: {exc}")
-        if summary.get("throttled"):
-            self.log("trainbench: clocks throttled during the timed window: "
-                     + ", ".join(summary["throttle_reasons"]))
 
     def overlap_info(self) -> dict:
         """The communication-overlap settings that ran (absent: no FSDP / TP / CP)."""
@@ -378,7 +303,7 @@ class Trainer:
         if self.mfu_not_applicable:
             info["mfu_not_applicable"] = self.mfu_not_applicable
         info["conditions"] = self.conditions
-        (self.exp_dir / RUN_FILE).write_text(json.dumps(info, indent=2))
+        write_run_record(self.exp_dir, info)
 
     def log(self, line: str) -> None:
         """Rank 0 only: one line to the log file and to stdout (the launcher streams it)."""
@@ -538,32 +463,9 @@ class Trainer:
         elapsed = time.perf_counter() - start
         metrics = self.step_metrics(step, lr, loss_sum / p.ga, grad_norm, elapsed)
         if straggler:
-            self.straggler_after_step(step, elapsed)
+            report_stragglers(self.straggler, step, elapsed, self.plan, self.exp_dir,
+                              self.log)
         return metrics
-
-    def straggler_after_step(self, step: int, elapsed: float) -> None:
-        """After the last instrumented step: rank 0 writes every rank's compute times and
-        the verdict to run.json (`straggler`) and logs it (engine/straggler.py)."""
-        from .straggler import describe, probe_command, summarize
-        ranks = self.straggler.after_step(step, elapsed)
-        if not ranks:
-            return
-        p = self.plan
-        summary = summarize(ranks, probe_command(p.gpus, p.gpu_type, p.num_nodes,
-                                                 p.gpus_per_node))
-        path = self.exp_dir / RUN_FILE
-        info = json.loads(path.read_text())
-        info["straggler"] = summary
-        tmp = path.with_name(path.name + ".tmp")
-        try:  # beside and renamed, as telemetry_after_step does
-            tmp.write_text(json.dumps(info, indent=2))
-            os.replace(tmp, path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            self.log(f"trainbench: straggler record not written to {RUN_FILE}: {exc}")
-        line = describe(summary)
-        if line:
-            self.log(f"trainbench: {line}")
 
     def timed_step_inputs(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The step's microbatches as timed_step takes them (this rank's part of each
@@ -648,13 +550,13 @@ class Trainer:
         saving = f.checkpoint or interval > 0
         while self.step < self.total_steps:
             self.tracer.before_step(self.step)
-            self.telemetry_before_step(self.step)
+            self.telemetry.before_step(self.step)
             metrics = self.train_step(self.step)
             self.step += 1
             if self.rank == 0:
                 self.log(format_step_line(metrics))
-                self.metrics_file.write(self.metrics_record(metrics) + "\n")
-            self.telemetry_after_step(self.step - 1)
+                self.metrics_file.write(self.telemetry.record(metrics) + "\n")
+            self.telemetry.after_step(self.step - 1)
             self.tracer.after_step(self.step - 1)
             if saving and (self.step == self.total_steps
                            or (interval > 0 and self.step % interval == 0)):
@@ -688,39 +590,3 @@ def _strip_wrappers(fqn: str) -> str:
     for prefix in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
         fqn = fqn.replace(prefix, "")
     return fqn
-
-
-def report_failure(exp_dir: Path, plan: Plan, exc: BaseException) -> None:
-    """This rank's error: the traceback to the run log (O_APPEND keeps ranks' lines whole),
-    one line to stderr, which the launcher reads to name the cause of the failure."""
-    rank = os.environ.get("RANK", "0")
-    line = f"[rank {rank}] trainbench engine error: {failure_line(exc)}"
-    text = "".join(traceback.format_exception(exc))
-    try:
-        fd = os.open(exp_dir / log_file_name(plan.name), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        os.write(fd, f"{line}\n{text}".encode())
-        os.close(fd)
-    except OSError:
-        pass  # a full disk: the launcher still gets the line below
-    print(line, file=sys.stderr, flush=True)
-
-
-def failure_line(exc: BaseException) -> str:
-    """'Type: message' on one line; a full disk anywhere in the chain (or in one rank's
-    part of a checkpoint save) is named first, as the cause of everything after it."""
-    import errno
-    seen, todo = set(), [exc]
-    while todo:
-        err = todo.pop()
-        if err is None or id(err) in seen:
-            continue
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return f"disk full: {type(err).__name__}: {err}"
-        todo += [err.__cause__, err.__context__]
-        # torch.distributed.checkpoint's CheckpointException: {rank: (exception, trace)}
-        failures = getattr(err, "failures", None)
-        for wrapped in (failures.values() if isinstance(failures, dict) else ()):
-            todo.append(wrapped[0] if isinstance(wrapped, tuple) else wrapped)
-    first = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {first[0] if first else ''}".rstrip(": ")
