@@ -39,13 +39,7 @@ QWEN_TINY = get_model("pretrain_qwen3", "tiny")
 DSV3_TINY = get_model("pretrain_deepseek_v3", "tiny")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny GEMMs: more threads only contend on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sigmoid(x: float) -> float:

@@ -33,12 +33,7 @@ from trainbench.engine.models.moe import (
 QWEN_TINY = get_model("pretrain_qwen3", "tiny")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------- path selection

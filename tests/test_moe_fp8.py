@@ -32,12 +32,7 @@ E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ----------------------------------------------------------- the engine's configs
