@@ -118,15 +118,6 @@ def strided_sequences(gen: torch.Generator, batch: int, length: int, vocab: int)
     return (start + stride * torch.arange(length)) % vocab
 
 
-@pytest.fixture
-def one_thread():
-    """Tensors this small gain nothing from intra-op threads, and lose much on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_tiny_model_learns_a_synthetic_task_in_50_steps(one_thread):
     torch.manual_seed(0)
     model = NemotronH(TINY)

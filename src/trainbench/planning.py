@@ -1,9 +1,7 @@
 """Building a plan: a recipe row plus `--set` overrides become one validated Plan, or a
 PlanError listing every problem (one line each) before anything launches. A Megatron
 recipe row takes the state sharding that predict's memory model says fits (pure Python:
-planning never imports torch).
-
-"""
+planning never imports torch)."""
 
 from __future__ import annotations
 
