@@ -8,6 +8,7 @@ plan.json, log-<name>.out, metrics.jsonl, run.json (written by the engine), exit
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 import tempfile
@@ -81,7 +82,6 @@ def root_of_experiment(exp_dir: Path, cluster: dict | None = None) -> Path:
 
 def write_run_record(exp_dir: str | Path, info: dict) -> None:
     """run.json written beside and renamed: a reader (or a full disk) never sees half."""
-    import json
     path = Path(exp_dir) / RUN_FILE
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -95,7 +95,6 @@ def write_run_record(exp_dir: str | Path, info: dict) -> None:
 def update_run_record(exp_dir: str | Path, fields: dict) -> None:
     """run.json with `fields` added or replaced, written atomically (write_run_record);
     OSError when it cannot be, leaving run.json as it was."""
-    import json
     info = json.loads((Path(exp_dir) / RUN_FILE).read_text())
     info.update(fields)
     write_run_record(exp_dir, info)
@@ -182,7 +181,6 @@ def process_start_ticks(pid: int) -> int | None:
 
 
 def write_launcher_record(exp_dir: str | Path) -> None:
-    import json
     pid = os.getpid()
     record = {"pid": pid, "start_ticks": process_start_ticks(pid), "started": time.time()}
     (Path(exp_dir) / LAUNCHER_FILE).write_text(json.dumps(record))
@@ -191,7 +189,6 @@ def write_launcher_record(exp_dir: str | Path) -> None:
 def launcher_gone(exp_dir: str | Path) -> bool | None:
     """True when the run's recorded launcher no longer runs, False while it does, None when
     no launcher was recorded (a Slurm job, or a run older than this record)."""
-    import json
     try:
         record = json.loads((Path(exp_dir) / LAUNCHER_FILE).read_text())
         pid = int(record["pid"])
