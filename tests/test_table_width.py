@@ -38,3 +38,19 @@ def test_piped_output_without_columns_keeps_wide_tables():
     res = CliRunner().invoke(app, ["list"], env={"COLUMNS": None})
     assert res.exit_code == 0
     assert max(len(line) for line in res.stdout.splitlines()) > 120
+
+
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_jobs_table_keeps_ids_and_states_whole_on_a_narrow_terminal(tmp_path, columns):
+    from trainbench.launch.jobs import JobsDB
+    db = JobsDB(tmp_path)
+    for state, job_id in (("COMPLETED", "1234567"), ("CANCELLED", "7654321")):
+        db.add("slurm", job_id, "pretrain_llama3.1_405b_fp8_512_a_long_name",
+               str(tmp_path / "pretrain_llama3.1_405b_fp8_512_20261127_190000"), "{}", state)
+    res = CliRunner().invoke(app, ["jobs", "list", "--root", str(tmp_path)],
+                             env={"COLUMNS": columns, "TRAINBENCH_ROOT": str(tmp_path)})
+    assert res.exit_code == 0, res.output
+    rows = [[c.strip() for c in line.split("\u2502")[1:-1]] for line in res.stdout.splitlines()]
+    keyed = {cells[2]: cells[4] for cells in rows if len(cells) >= 5 and cells[2]}
+    assert keyed == {"1234567": "COMPLETED", "7654321": "CANCELLED"}, res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= int(columns)

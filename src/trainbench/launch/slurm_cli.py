@@ -405,10 +405,12 @@ def _jobs_table(jobs: list[dict], root: Path):
     from rich.table import Table
     table = Table(title=f"jobs in {root}")
     # The directory's last part only (its timestamp tells repeats apart); the full path
-    # is in `trainbench jobs show ID`.
+    # is in `trainbench jobs show ID`. The keys a user (or a script) reads a row by never
+    # wrap: on a narrow terminal the long cells fold instead.
+    whole = {"id", "job id", "state", "exit"}
     for col in ("id", "executor", "job id", "name", "state", "exit", "elapsed", "submitted",
                 "results", "directory"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in whole)
     for job in jobs:
         table.add_row(str(job["id"]), job["executor"], job["job_id"] or "", job["name"],
                       job["state"], "" if job["exit_code"] is None else str(job["exit_code"]),
