@@ -236,6 +236,17 @@ class Checkpointer:
         return step
 
 
+def checkpointer_for(plan, model_parts: list[torch.nn.Module],
+                     optimizer: torch.optim.Optimizer, device: torch.device, exp_dir: Path,
+                     log) -> Checkpointer:
+    """A plan's checkpointer: its marker names the workload, size, model, experiment and
+    architecture, so a load into another model is refused before anything is read."""
+    identity = {"workload": plan.workload, "size": plan.size, "model": plan.model.name,
+                "experiment": plan.name, "architecture": dirs.architecture(plan.model)}
+    return Checkpointer(model_parts, optimizer, device, exp_dir, plan.layout.describe(), log,
+                        identity=identity)
+
+
 def _first_line(err: BaseException) -> str:
     """'Type: first line' of an error; for DCP's CheckpointException (a BaseException
     that wraps each failed rank's error), of the first rank's error."""

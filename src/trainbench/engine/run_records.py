@@ -20,6 +20,8 @@ import torch.distributed as dist
 from ..plan import Plan
 from ..rundir import RUN_FILE, log_file_name, update_run_record
 from .log import StepMetrics
+from .parallel.mesh import ParallelDims
+from .straggler import StragglerMonitor, instrumented_steps, not_measured
 
 
 def record_conditions(exp_dir: Path) -> dict:
@@ -104,6 +106,25 @@ class WindowTelemetry:
         node = self.sampler.stop() if self.sampler is not None else None
         self.sampler = None
         return node
+
+
+def straggler_monitor(dims: ParallelDims, device: torch.device, rank: int, local_rank: int,
+                      first_step: int, total_steps: int, window: tuple[int, int], tracer,
+                      log: Callable[[str], None]) -> StragglerMonitor:
+    """The monitor of each rank's compute time, instrumenting a few steps outside the
+    window (and outside a trace's steps, which keep their collectives' own timing)."""
+    world = dims.world_size
+    # Not with PP: a stage's send and its peer's are issued in one batch, and waiting for
+    # each where it is issued could leave both ranks waiting on their sends.
+    measurable = world > 1 and not dims.pp_enabled
+    steps = instrumented_steps(first_step, total_steps, window) if measurable else []
+    if not steps and measurable:
+        log(f"trainbench: {not_measured(total_steps - first_step)}")
+    if tracer.enabled:
+        traced = range(tracer.window[0] - 1, tracer.window[1] + 1)
+        steps = [s for s in steps if s not in traced]
+    return StragglerMonitor(device, rank, local_rank, steps, window,
+                            stage=dims.coordinate("pp") if dims.pp_enabled else 0)
 
 
 def report_stragglers(monitor, step: int, elapsed: float, plan: Plan, exp_dir: Path,

@@ -9,37 +9,41 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import signal
-import socket
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor.parallel import loss_parallel
 
 from .. import flops as flops_mod
-from ..rundir import METRICS_FILE, log_file_name, update_run_record, write_run_record
 from ..metrics import default_window
 from ..plan import FP8_DTYPES, Plan
-from . import data
+from ..rundir import METRICS_FILE, log_file_name, update_run_record, write_run_record
+from . import data, sdpa
+from .checkpoint import checkpointer_for
 from .log import StepMetrics, format_step_line
 from .loss import cross_entropy
+from .loss import describe as describe_loss
+from .materialize import materialize
+from .models import build_model
+from .models.moe import moe_layers, update_expert_biases
 from .optim import build_optimizer, lr_at
-from .optim import describe as describe_optimizer
-from .parallel import clip_grad_norm_, compile_description
+from .parallel import clip_grad_norm_, float8, parallelize, single_rank_without_fsdp
+from .parallel.cp import local_positions, shard_sequence
 from .parallel.mesh import ParallelDims
-from .run_records import WindowTelemetry, record_conditions, report_stragglers
+from .parallel.pp import build_schedule, split_into_stages
+from .profiling import StepTracer
+from .run_info import run_info, run_peak, startup_lines
+from .run_records import (WindowTelemetry, record_conditions, report_stragglers,
+                          straggler_monitor)
+from .step_metrics import reduce_step_metrics
+from .straggler import install_slow_hook
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16,
                   "fp32": torch.float32}
-CPU_FP8_NO_MFU = ("MFU not applicable: FP8 on a CPU is an emulation (FP8 GEMMs in "
-                  "software) run for correctness, not a performance figure")
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Trainer:
@@ -88,12 +92,9 @@ class Trainer:
         `materialize=False` keeps every parameter on the meta device: `trainbench check`
         builds a rank of a real-size plan this way under a fake process group.
         """
-        from .models import build_model
-        from .parallel import parallelize
         with torch.device("meta"):
             model = build_model(self.plan.model)
         if self.dims.pp_enabled:
-            from .parallel.pp import split_into_stages
             stages = split_into_stages(model, self.plan, self.dims.coordinate("pp"))
         else:
             stages = [(0, model)]
@@ -106,7 +107,6 @@ class Trainer:
             self.model_parts.append(part)
         self.model = (self.model_parts[0] if len(self.model_parts) == 1
                       else torch.nn.ModuleList(self.model_parts))
-        from .models.moe import moe_layers
         # The balance loss's gradient is scaled as each microbatch's loss is: by 1/GA
         # before its backward, or under a pipeline not at all, since the schedule then
         # divides every accumulated gradient by the microbatch count (scale_grads).
@@ -119,7 +119,6 @@ class Trainer:
         # rank table on the host, at every call (once per step in timed_step otherwise).
         self.pp_mesh = self.dims["pp"] if self.dims.pp_enabled else None
         if self.dims.pp_enabled:
-            from .parallel.pp import build_schedule
             indices = [index for index, _ in stages]
             last = self.plan.layout.pp * self.plan.layout.vp - 1
             self.has_first_stage, self.has_last_stage = 0 in indices, last in indices
@@ -127,33 +126,7 @@ class Trainer:
                                            self.dims["pp"], self.device, self.loss_fn)
 
     def materialize(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Allocate the sharded parameters and initialise them.
-
-        On a CPU (small models by nature) the full model is initialised once from the
-        seed and each rank keeps its shard, so every layout starts from bit-identical
-        weights. On GPUs each shard is initialised in place (DTensor's CUDA RNG tracker
-        keeps shards consistent) and the full model never exists on one device.
-        """
-        model.to_empty(device=self.device)
-        torch.manual_seed(self.plan.seed)
-        with torch.no_grad():
-            model.init_weights()
-        if self.device.type == "cpu":
-            from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                                 set_model_state_dict)
-
-            from .models import build_model
-            torch.manual_seed(self.plan.seed)
-            full = build_model(self.plan.model)
-            with torch.no_grad():
-                full.init_weights()
-            wanted = {_strip_wrappers(k) for k in model.state_dict()}
-            # Every layout stores each parameter in the full model's order (TP and FSDP
-            # take contiguous shards of it), so the full state dict loads as it is.
-            full_sd = {k: v for k, v in full.state_dict().items() if _strip_wrappers(k) in wanted}
-            set_model_state_dict(model, full_sd,
-                                 options=StateDictOptions(full_state_dict=True, strict=False))
-        return model
+        return materialize(model, self.plan, self.device)
 
     def setup(self) -> None:
         self.init_distributed()
@@ -163,68 +136,36 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, self.plan.lr)
         self.fp8_info = None
         if self.plan.dtype in FP8_DTYPES:
-            from .parallel.float8 import summary
-            self.fp8_info = summary(self.model_parts, self.plan, dist.get_backend())
+            self.fp8_info = float8.summary(self.model_parts, self.plan, dist.get_backend())
         spec = self.plan.model
         self.flops_per_seq = flops_mod.flops_per_sequence(spec, self.plan.seq_len, "published")
-        from .parallel import single_rank_without_fsdp
-        from .peak import resolve_peak
-        self.mfu_not_applicable = None
-        if self.plan.dtype in FP8_DTYPES and self.device.type == "cpu":
-            # No CPU has FP8 arithmetic: torch._scaled_mm emulates it, so a CPU FP8 run
-            # checks numerics and its speed measures nothing an MFU could compare.
-            self.mfu_not_applicable = CPU_FP8_NO_MFU
-            self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = (
-                None, "not applicable", "CPU", None)
-        else:
-            self.peak_tflops, self.peak_source, self.device_name, self.peak_gemm = resolve_peak(
-                self.plan, self.compute_dtype,
-                autocast=single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32)
+        self.peak = run_peak(self.plan, self.device, self.compute_dtype)
         self.conditions = record_conditions(self.exp_dir) if self.local_rank == 0 else None
         if self.rank == 0:
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             self.log_file = open(self.log_path, "a", buffering=1)
             self.metrics_file = open(self.exp_dir / METRICS_FILE, "a", buffering=1)
             self.write_run_info()
-            self.log(f"trainbench: {self.plan.name} on {self.world_size} x {self.device_name}, "
-                     f"layout {self.plan.layout.describe()} MBS {self.plan.mbs} "
-                     f"GBS {self.plan.gbs} GA {self.plan.ga}, {self.plan.dtype}, "
-                     f"{self.plan.steps} steps")
-            self.log(f"trainbench: compile {compile_description(self.plan)}")
-            if self.world_size > 1:
-                from ..plan import dp_sharding_label
-                self.log(f"trainbench: data-parallel sharding {dp_sharding_label(self.plan)}")
-            if self.fp8_info is not None:
-                self.log(f"trainbench: fp8 recipe {self.fp8_info['recipe']}, "
-                         f"{self.fp8_info['float8_linears']} FP8 linears, FSDP float8 "
-                         f"all-gather {'on' if self.fp8_info['fsdp_float8_all_gather'] else 'off'}")
-            if self.mfu_not_applicable:
-                self.log(f"trainbench: {self.mfu_not_applicable}")
+            for line in startup_lines(self):
+                self.log(line)
         self.setup_features()
 
     def select_kernels(self) -> None:
         """The SDPA order on CUDA (sdpa.py) and the kernels run.json records."""
-        from . import loss, sdpa
         sdpa.use_engine_order(self.device.type)
         spec, lay = self.plan.model, self.plan.layout
         self.sdpa_backend = sdpa.chosen_backend(
             self.device, self.compute_dtype, max(1, spec.heads // lay.tp),
             max(1, spec.kv_heads // lay.tp), spec.head_dim, self.plan.seq_len, lay.cp)
-        self.loss_kind = loss.describe(-(-spec.vocab_size // lay.tp),  # this rank's vocabulary
+        self.loss_kind = describe_loss(-(-spec.vocab_size // lay.tp),  # this rank's vocabulary
                                        self.plan.mbs * self.plan.seq_len // lay.cp, lay.tp > 1)
 
     def setup_features(self) -> None:
-        """Checkpointing (and the load that sets the first iteration), then tracing."""
-        from . import checkpoint_dirs
-        from .checkpoint import Checkpointer
-        from .profiling import StepTracer
+        """Checkpointing (and the load that sets the first iteration), then tracing,
+        the window's telemetry and the straggler monitor."""
         f = self.plan.features
-        self.checkpointer = Checkpointer(
-            self.model_parts, self.optimizer, self.device, self.exp_dir,
-            self.plan.layout.describe(), self.log,
-            identity={"workload": self.plan.workload, "size": self.plan.size,
-                      "model": self.plan.model.name, "experiment": self.plan.name,
-                      "architecture": checkpoint_dirs.architecture(self.plan.model)})
+        self.checkpointer = checkpointer_for(self.plan, self.model_parts, self.optimizer,
+                                             self.device, self.exp_dir, self.log)
         if f.load_checkpoint:
             # The loaded step counts: iterations continue from it for plan.steps more.
             self.step = self.checkpointer.load(f.load_checkpoint)
@@ -240,70 +181,13 @@ class Trainer:
         self.telemetry = WindowTelemetry(self.plan, (self.step + start, self.step + end),
                                          self.device, self.rank, self.local_rank,
                                          self.world_size, self.exp_dir, self.log)
-        from .straggler import (StragglerMonitor, install_slow_hook, instrumented_steps,
-                                not_measured)
         install_slow_hook(self.model_parts, self.rank)
-        # A few steps time each rank's compute apart from its waits in collectives. Not
-        # with PP: a stage's send and its peer's are issued in one batch, and waiting for
-        # each where it is issued could leave both ranks waiting on their sends.
-        steps = (instrumented_steps(self.step, self.total_steps, self.telemetry.window)
-                 if self.world_size > 1 and not self.dims.pp_enabled else [])
-        if not steps and self.world_size > 1 and not self.dims.pp_enabled:
-            self.log(f"trainbench: {not_measured(self.plan.steps)}")
-        if self.tracer.enabled:  # a trace keeps its collectives' own timing and overlap
-            traced = range(self.tracer.window[0] - 1, self.tracer.window[1] + 1)
-            steps = [s for s in steps if s not in traced]
-        self.straggler = StragglerMonitor(
-            self.device, self.rank, self.local_rank, steps, self.telemetry.window,
-            stage=self.dims.coordinate("pp") if self.dims.pp_enabled else 0)
-
-    def overlap_info(self) -> dict:
-        """The communication-overlap settings that ran (absent: no FSDP / TP / CP)."""
-        out = {}
-        fsdp = getattr(self.model_parts[0], "fsdp_settings", None)
-        if fsdp is not None:
-            from ..plan import dp_sharding_label
-            out["fsdp"] = {**fsdp, "dp_sharding": self.plan.dp_sharding,
-                           "dp_sharding_chosen_by": self.plan.dp_sharding_source,
-                           "dp_sharding_label": dp_sharding_label(self.plan),
-                           "gradients_reduced": "once a step"
-                           if self.plan.gradients_reduced_once else "every microbatch"}
-        if self.dims.tp_enabled:
-            out["async_tp"] = self.plan.async_tp
-        if self.dims.cp_enabled:
-            out["cp_impl"] = self.plan.cp_impl
-        return out
+        self.straggler = straggler_monitor(self.dims, self.device, self.rank,
+                                           self.local_rank, self.step, self.total_steps,
+                                           self.telemetry.window, self.tracer, self.log)
 
     def write_run_info(self) -> None:
-        info = {
-            "device_name": self.device_name,
-            "peak_tflops": self.peak_tflops,
-            "peak_source": self.peak_source,
-            "peak_gemm": self.peak_gemm,  # the GEMM whose rate is a CPU's measured peak
-            "world_size": self.world_size,
-            "layout": self.plan.layout.describe(),
-            "parallel": self.parallel_summary(),
-            "backend": dist.get_backend(),
-            "torch_version": torch.__version__,
-            "hostname": socket.gethostname(),
-            "start_time": time.time(),
-            "flops_per_sequence": self.flops_per_seq,
-            "flops_convention": "published",
-            "optimizer": describe_optimizer(self.optimizer),
-            "sdpa_backend": self.sdpa_backend,
-            "loss": self.loss_kind,
-            "compile": compile_description(self.plan),
-            # Profiled or traced timings are not valid for performance comparison.
-            "profiled": bool(self.plan.features.profile),
-            "nccl_traced": bool(self.plan.features.nccl_trace),
-        }
-        if self.fp8_info is not None:  # the recipe that ran, the layers kept in bf16
-            info["fp8"] = self.fp8_info
-        info.update(self.overlap_info())
-        if self.mfu_not_applicable:
-            info["mfu_not_applicable"] = self.mfu_not_applicable
-        info["conditions"] = self.conditions
-        write_run_record(self.exp_dir, info)
+        write_run_record(self.exp_dir, run_info(self))
 
     def log(self, line: str) -> None:
         """Rank 0 only: one line to the log file and to stdout (the launcher streams it)."""
@@ -337,31 +221,8 @@ class Trainer:
         # full fp32 logits of a 128k vocabulary would cost more memory than the model.
         return cross_entropy(logits, labels)
 
-    def parallel_summary(self) -> dict:
-        """The layout this run really uses, for run.json."""
-        from ..layout import stage_layers
-        from ..plan import pipeline_layers
-        from .parallel import single_rank_without_fsdp
-        from .parallel.pp import schedule_name
-        lay = self.plan.layout
-        summary = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp,
-                   "sequence_parallel": lay.tp > 1, "loss_parallel": lay.tp > 1,
-                   # FSDP shards over dp x cp; a one-rank run has nothing to shard.
-                   "fsdp_shards": 0 if single_rank_without_fsdp(self.plan) else lay.dp * lay.cp,
-                   "microbatches_per_step": self.plan.ga}
-        if lay.pp > 1:
-            summary["pipeline_schedule"] = schedule_name(self.plan)
-            summary["stage_layers"] = stage_layers(pipeline_layers(self.plan.model),
-                                                   lay.pp, lay.vp, lay.pp_split)
-            if lay.pp_split:
-                summary["pp_split"] = lay.pp_split
-        if lay.cp > 1:
-            summary["context_parallel"] = "all-gather KV, head-tail load balance"
-        return summary
-
     def compute_context(self):
         """bf16 autocast for a one-rank run, which has no FSDP mixed-precision policy."""
-        from .parallel import single_rank_without_fsdp
         if single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32:
             return torch.autocast(self.device.type, dtype=self.compute_dtype)
         return contextlib.nullcontext()
@@ -370,7 +231,6 @@ class Trainer:
         """Under TP the logits stay sharded over the vocabulary: cross-entropy (and its
         backward) must run inside loss_parallel, which never gathers them."""
         if self.dims.tp_enabled:
-            from torch.distributed.tensor.parallel import loss_parallel
             return loss_parallel()
         return contextlib.nullcontext()
 
@@ -378,7 +238,6 @@ class Trainer:
         """This rank's part of each sequence: without CP the whole sequence; with CP the
         load-balanced pair of chunks (parallel/cp.py)."""
         if self.dims.cp_enabled:
-            from .parallel.cp import shard_sequence
             cp, rank = self.dims.cp, self.dims.coordinate("cp")
             inputs, labels = shard_sequence(inputs, cp, rank), shard_sequence(labels, cp, rank)
         return inputs, labels
@@ -390,7 +249,6 @@ class Trainer:
         if getattr(self, "_positions", None) is None:
             self._positions = torch.arange(self.plan.seq_len, device=self.device)
             if self.dims.cp_enabled:
-                from .parallel.cp import local_positions
                 self._positions = local_positions(self.plan.seq_len, self.dims.cp,
                                                   self.dims.coordinate("cp"), device=self.device)
         return self._positions
@@ -413,7 +271,6 @@ class Trainer:
         flags itself)."""
         if self.plan.dp_sharding == "full" or self.pipeline is not None:
             return
-        from torch.distributed.fsdp import FSDPModule
         for part in self.model_parts:
             if isinstance(part, FSDPModule):
                 part.set_reshard_after_backward(last)
@@ -499,40 +356,17 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.moe_layers:
-            from .models.moe import update_expert_biases
             update_expert_biases(self.moe_layers)
         if self.plan.dtype in FP8_DTYPES:
-            from .parallel.float8 import after_optimizer_step
-            after_optimizer_step(self.model_parts, self.plan, dist.get_backend())
+            float8.after_optimizer_step(self.model_parts, self.plan, dist.get_backend())
         return loss_sum, grad_norm
 
     def step_metrics(self, step: int, lr: float, local_loss: torch.Tensor,
                      grad_norm: torch.Tensor, elapsed: float) -> StepMetrics:
-        """Reduce the loss over data-parallel ranks and the step time (max) over all."""
-        p = self.plan
-        loss = local_loss.clone()
-        if self.dims.pp_enabled:  # only the last stage computed a loss; the rest hold 0
-            dist.all_reduce(loss, op=dist.ReduceOp.SUM, group=self.dims["pp"].get_group())
-        dist.all_reduce(loss, op=dist.ReduceOp.AVG if self.device.type == "cuda"
-                        else dist.ReduceOp.SUM, group=self.dims["dp_cp"].get_group())
-        if self.device.type != "cuda":  # gloo has no AVG
-            loss /= self.dims["dp_cp"].size()
-        slowest = torch.tensor([elapsed], device=self.device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        step_time = float(slowest)
-        if self.device.type == "cuda":
-            peak_mem = torch.cuda.max_memory_reserved(self.device)
-            alloc = torch.cuda.memory_allocated(self.device)
-        else:
-            peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            alloc = _rss_bytes()
-        return StepMetrics(
-            iteration=step, total_iterations=self.total_steps, lr=lr, global_batch_size=p.gbs,
-            loss=float(loss), grad_norm=float(grad_norm), step_time_s=step_time,
-            tflops_per_gpu=p.gbs * self.flops_per_seq / step_time / self.world_size / 1e12,
-            tokens_per_s=p.seq_len * p.gbs / step_time, peak_memory_bytes=int(peak_mem),
-            memory_allocated_bytes=int(alloc), consumed_samples=(step + 1) * p.gbs,
-            time=time.time())
+        """The step's record, its loss averaged over data-parallel ranks and its time the
+        slowest rank's (the step's host reads happen here, after its timing sync)."""
+        return reduce_step_metrics(self.plan, self.dims, self.device, self.flops_per_seq,
+                                   step, self.total_steps, lr, local_loss, grad_norm, elapsed)
 
     def maybe_fail(self, step: int) -> None:
         """Crash injection for tests: TRAINBENCH_FAIL_AT_STEP=n TRAINBENCH_FAIL_RANK=r
@@ -584,9 +418,3 @@ class Trainer:
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """A replicated DTensor (the loss under loss_parallel) as a plain tensor."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _strip_wrappers(fqn: str) -> str:
-    for prefix in ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module."):
-        fqn = fqn.replace(prefix, "")
-    return fqn
