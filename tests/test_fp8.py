@@ -25,16 +25,19 @@ from trainbench.plan import PlanError
 from trainbench.planning import build_plan  # noqa: E402
 
 # Tiny Llama 2 has tiny Llama 3.1's shapes (only RoPE's base and scaling differ), so its
-# FP8 GEMMs are the same ones: its fifty-step comparison (0.096%, below) was measured
-# by hand and is not repeated here, which saves 76 s of the suite.
+# FP8 GEMMs are the same ones and its fifty steps would repeat Llama 3.1's.
 FIFTY_STEP_FAMILIES = ["pretrain_llama3.1", "pretrain_nemotron4", "pretrain_nemotronh"]
 
-# FP8 vs bf16 of the same plan (the tiny recipe's DP2) over 50 steps of the learnable
-# task, largest |fp8 - bf16| / bf16 loss over the 50 steps, measured on a 2-core AMD EPYC
-# (AVX2, no native bf16), torch 2.13.0 CPU, torchao 0.18.0: Llama 3.1 0.094%, Llama 2
-# 0.096%, Nemotron-4 0.18%, Nemotron-H 0.16%. FP8's rounding is a slightly different
-# trajectory, not a failure to learn; the bound sits just above the largest of them.
-FP8_VS_BF16_RTOL = 3e-3
+# FP8 vs bf16 of the same plan (the tiny recipe's DP2, sequences of 32 tokens) over 50
+# steps of the learnable task, largest |fp8 - bf16| / bf16 loss over the 50 steps,
+# measured on a 2-core Intel Xeon, torch 2.13.0 CPU, torchao 0.18.0: Llama 3.1 0.39%,
+# Nemotron-4 0.32%, Nemotron-H 0.24% (at 128 tokens on an AMD EPYC they were 0.09-0.18%:
+# a loss over fewer tokens moves more with each rounding). FP8's rounding is a slightly
+# different trajectory, not a failure to learn; the bound sits 1.5x above the largest.
+FP8_VS_BF16_RTOL = 6e-3
+# Over the same 50 steps the loss falls from ln(512) = 6.24 (uniform over the tiny
+# vocabulary) by 1.02 (Nemotron-4) to 1.25 nats (same runs): learned, not stuck.
+LEARNED_NATS = 0.8
 # A parallel FP8 layout vs one FP8 process, 3 steps. Tensorwise scales are amaxes over
 # the whole tensor (torchao all-reduces them over TP shards), so layouts differ only in
 # the order of sums, which FP8 rounding can amplify by a step of the e4m3 grid on a few
@@ -152,19 +155,26 @@ def test_one_rank_fp8_run_records_its_recipe_and_has_no_mfu(tmp_path):
     assert any("emulation" in note for note in row["notes"])
 
 
+# CPU torch._scaled_mm is a plain loop (about 60 M multiply-adds/s on a Xeon core, some
+# 150x slower than upcasting), so the fifty-step runs train on sequences of 32 tokens:
+# the same GEMMs, layers and learnable task on a quarter of the tokens.
+FIFTY_STEP_SEQ = "seq_len=32"
+
+
 @pytest.fixture(scope="module")
 def fifty_steps(tmp_path_factory):
-    """(workload, dtype) -> metrics of the tiny recipe's 2-rank plan (FSDP, DP2) over 50
-    steps, computed once. Two ranks rather than one: each rank runs half the software FP8
-    GEMMs on its own core, several times faster than one process on a shared machine."""
+    """(workload, dtype, steps) -> metrics of the tiny recipe's 2-rank plan (FSDP, DP2)
+    on short sequences, computed once. Two ranks rather than one: each rank runs half the
+    software FP8 GEMMs on its own core, several times faster than one process."""
     root = tmp_path_factory.mktemp("fifty")
-    cache: dict[tuple[str, str], list[dict]] = {}
+    cache: dict[tuple[str, str, int], list[dict]] = {}
 
-    def get(workload: str, dtype: str) -> list[dict]:
-        if (workload, dtype) not in cache:
-            cache[workload, dtype] = read_metrics(train(root, workload, 2, dtype=dtype,
-                                                        steps=50, timeout=RUN_TIMEOUT))
-        return cache[workload, dtype]
+    def get(workload: str, dtype: str, steps: int = 50, scale: int = 2) -> list[dict]:
+        if (workload, dtype, steps, scale) not in cache:
+            cache[workload, dtype, steps, scale] = read_metrics(
+                train(root, workload, scale, "--set", FIFTY_STEP_SEQ, dtype=dtype, steps=steps,
+                      timeout=RUN_TIMEOUT))
+        return cache[workload, dtype, steps, scale]
     return get
 
 
@@ -193,7 +203,7 @@ def assert_matches(metrics: list[dict], reference: list[dict]) -> None:
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", FIFTY_STEP_FAMILIES)
-def test_fp8_tracks_bf16_over_fifty_steps(fifty_steps, one_fp8_process, workload):
+def test_fp8_tracks_bf16_over_fifty_steps(fifty_steps, workload):
     fp8 = [r["loss"] for r in fifty_steps(workload, "fp8")]
     bf16 = [r["loss"] for r in fifty_steps(workload, "bf16")]
     assert len(fp8) == len(bf16) == 50
@@ -201,10 +211,10 @@ def test_fp8_tracks_bf16_over_fifty_steps(fifty_steps, one_fp8_process, workload
     assert deviation <= FP8_VS_BF16_RTOL, f"{workload}: fp8 deviates {deviation:.2%} from bf16"
     # FP8 really ran (its rounding changes the trajectory) and the task is learned.
     assert fp8 != bf16
-    assert sum(fp8[-5:]) / 5 < fp8[0] - 1.0
+    assert sum(fp8[-5:]) / 5 < fp8[0] - LEARNED_NATS
     # The tiny recipe's own layout (FSDP over DP2) is one more layout one process matches:
     # warm-up LR, so the first 3 of 50 steps are a 3-step run's.
-    assert_matches(fifty_steps(workload, "fp8")[:3], one_fp8_process(workload))
+    assert_matches(fifty_steps(workload, "fp8")[:3], fifty_steps(workload, "fp8", 3, 1))
 
 
 @pytest.mark.dist
