@@ -458,11 +458,12 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
     build counted (2 x the fp32 master bytes, alive across steps) are added to the traced
     forward/backward peak instead.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from ..engine.optim import build_optimizer
     from ..layout import rank_stages
+    from .grouped_fp8 import fake_fp8_grouped_kernels
+    from .routing import BalancedRoutingFakeMode, balanced_routing
     problem = trace_problem(plan)
     if problem:
         return {"rank": rank, "error": problem}
@@ -483,8 +484,9 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
         trainer.positions()
         neighbours = (_pipeline_neighbours_standin(trainer, plan) if pipeline
                       else contextlib.nullcontext())
-        with FakeTensorMode(allow_non_fake_inputs=True), _cp_memory_standin(), neighbours, \
-                _dtensor_propagation_untracked():
+        with BalancedRoutingFakeMode(allow_non_fake_inputs=True), _cp_memory_standin(), \
+                neighbours, _dtensor_propagation_untracked(), \
+                balanced_routing(trainer.model_parts), fake_fp8_grouped_kernels():
             for part in trainer.model_parts:
                 part.to_empty(device="cpu")
             buffers = _initialize_pipeline(trainer, *batches[0]) if pipeline else []
