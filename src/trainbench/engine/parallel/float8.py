@@ -96,6 +96,10 @@ def convert(model: nn.Module, plan: Plan, backend: str) -> None:
         convert_to_float8_training(model, config=float8_config(plan, backend),
                                    module_filter_fn=lambda m, fqn: eligible(m, fqn, tp))
         chosen = [m for m in model.modules() if is_float8_linear(m)]
+        # Tensorwise only: the rowwise recipe's backward casts the input along the other
+        # axis, not as the forward did, so it keeps the bf16 input (float8_input.py).
+        from .float8_input import enable
+        enable(model, plan)
         wrap_experts(model, "fp8", backend)
     for module in chosen:
         module.lowp_linear = True
@@ -170,7 +174,9 @@ def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
 
 
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
-    """What ran, for run.json: the recipe, FP8 all-gather, and the layers kept in bf16."""
+    """What ran, for run.json: the recipe, FP8 all-gather, the layers kept in bf16, and
+    what the FP8 linears keep of their input for the backward (float8_input.py)."""
+    from .float8_input import saved_input_form
     converted, experts, kept = 0, [], []
     for part in model_parts:
         for name, module in part.named_modules():
@@ -187,6 +193,7 @@ def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
             "float8_expert_layers": len(experts),
             "expert_recipe": experts[0] if experts else None,
             "float8_tp_styles": plan.layout.tp > 1 and float8_tp_comms(plan, backend),
+            "saved_input": saved_input_form(model_parts) if plan.dtype == "fp8" else "bf16",
             "emulated": backend != "nccl"}
 
 
