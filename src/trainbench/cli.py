@@ -10,11 +10,19 @@ import importlib
 import math
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import List, Optional
 
 import typer
+from rich.table import Table
 
+from . import describe, flops as fl, metrics
+from .catalog import hardware, models, recipes
 from .console import console, fail
+from .errors import InputError
+from .overrides import parse_overrides
+from .plan import PlanError
+from .planning import shape_model
 
 app = typer.Typer(
     add_completion=False,
@@ -27,7 +35,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from importlib.metadata import PackageNotFoundError, version
         try:
             typer.echo(f"trainbench {version('trainbench')}")
         except PackageNotFoundError:  # run from a source tree that was never installed
@@ -52,9 +59,6 @@ def list_workloads(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Only rows for this GPU type."),
 ):
     """Workloads, sizes, dtypes and the scales each has a recipe for."""
-    from rich.table import Table
-
-    from .catalog import models, recipes
     if workload and workload not in models.WORKLOADS:
         fail(f"unknown workload {workload!r}; known workloads: {', '.join(models.WORKLOADS)}")
     table = Table(title="trainbench workloads")
@@ -79,7 +83,6 @@ def list_workloads(
 
 
 def _resolve_model(workload: str, size: str):
-    from .catalog import models
     try:
         return models.get_model(workload, size)
     except LookupError as err:
@@ -89,9 +92,6 @@ def _resolve_model(workload: str, size: str):
 def _shaped_model(model, settings: List[str]):
     """`show --set`: the model cut by layers=N, pattern=... or experts=N (other keys shape
     a run)."""
-    from .overrides import parse_overrides
-    from .plan import PlanError
-    from .planning import shape_model
     try:
         overrides = parse_overrides(settings)
         other = sorted(set(overrides) - {"layers", "pattern", "experts"})
@@ -117,8 +117,6 @@ def show(
                                        "MoE's routed experts, top_k kept): the cut model."),
 ):
     """Architecture, parameter count, FLOPs per sequence, recipe rows and references."""
-    from . import describe
-    from .catalog import hardware, recipes
     size = size.lower()
     model = _resolve_model(workload, size)
     if gpu.lower() not in hardware.GPUS and gpu.lower() != hardware.CPU:
@@ -166,9 +164,6 @@ def flops(
                                                 help="Peak TFLOPS of an unknown device."),
 ):
     """FLOPs per sequence by part; with --gbs/--step-time/--gpus, also tokens/s and MFU."""
-    from . import flops as fl
-    from . import metrics
-    from .catalog import hardware
     model = _resolve_model(workload, size)
     if convention not in fl.CONVENTIONS:
         fail(f"unknown convention {convention!r}; use one of {', '.join(fl.CONVENTIONS)}")
@@ -257,7 +252,6 @@ def _quiet_closed_pipe() -> None:
 
 
 def main() -> None:
-    from .errors import InputError
     # A file name that is not UTF-8 (shown by a table or a message) prints as \xNN
     # escapes instead of ending the command in UnicodeEncodeError.
     for stream in (sys.stdout, sys.stderr):

@@ -258,7 +258,7 @@ def collect(rank_threads: int | None = None,
     missing: list[str] = []
     if rank_threads is None:
         try:
-            import torch
+            import torch  # torch stays out of the CLI's imports (`trainbench --help`)
             rank_threads = torch.get_num_threads()
         except Exception:  # noqa: BLE001
             missing.append("cpu threads_per_rank: torch not importable")

@@ -11,6 +11,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import yaml
+
+from .files import NotRegularFile, TooLarge, YAMLBoundError, brief, load_yaml, read_bounded
+
 
 def config_path() -> Path:
     env = os.environ.get("TRAINBENCH_CONFIG")
@@ -25,9 +29,6 @@ FIX = "fix it, or move it aside and run `trainbench init`"
 def load_config(path: str | Path | None = None, check: bool = True) -> dict:
     """The config as a dict ({} when the file does not exist); ValueError naming the file
     when it cannot be read, is not YAML or (with `check`) holds a wrongly typed value."""
-    import yaml
-
-    from .files import NotRegularFile, TooLarge, YAMLBoundError, load_yaml, read_bounded
     p = Path(path) if path else config_path()
     if not p.exists():
         return {}
@@ -60,7 +61,6 @@ def load_config(path: str | Path | None = None, check: bool = True) -> dict:
 def type_problem(data: dict) -> str | None:
     """The first key shared by several commands whose value has the wrong type: each
     command would otherwise fail on it in its own way, far from the file."""
-    from .files import brief
     per_node = data.get("gpus_per_node")
     if per_node is not None and (not isinstance(per_node, int) or isinstance(per_node, bool)
                                  or per_node < 1):
@@ -76,7 +76,6 @@ def type_problem(data: dict) -> str | None:
 
 def save_config(data: dict, path: str | Path | None = None) -> Path:
     """Write atomically (temp file + rename) so a crash never leaves half a config."""
-    import yaml
     p = Path(path) if path else config_path()
     blocking = next((d for d in p.parents if d.exists() and not d.is_dir()), None)
     if blocking is not None or p.is_dir():

@@ -9,6 +9,7 @@ import os
 import sys
 
 import typer
+from rich.console import Console
 
 
 def fail(message: str, code: int = 2) -> "typer.Exit":
@@ -18,8 +19,6 @@ def fail(message: str, code: int = 2) -> "typer.Exit":
 
 
 def console():
-    from rich.console import Console
-
     class _Console(Console):
         def on_broken_pipe(self) -> None:
             # rich would exit 1; main() treats a closed pipe as the quiet success it is.

@@ -9,6 +9,8 @@ slower than fp32 for the tiny Llama on a 2-core AVX2 EPYC (0.31 s vs 0.115 s per
 
 from __future__ import annotations
 
+from .catalog.recipes import dtypes_for
+
 CPUINFO = "/proc/cpuinfo"
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -55,7 +57,6 @@ def default_dtype(gpu_type: str, cpuinfo: str | None = None,
 def default_dtype_for(workload: str, size: str, gpu_type: str) -> tuple[str, str]:
     """default_dtype for a workload of the catalog (an unknown one gets the machine's
     default, and planning then names what is wrong)."""
-    from .catalog.recipes import dtypes_for
     try:
         available = dtypes_for(workload, size.lower())
     except (KeyError, LookupError, ValueError):

@@ -22,6 +22,8 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+import yaml
+
 MAX_TEXT_BYTES = 4 * 2**20
 """The largest cluster config or sweep file read (real ones are a few KB)."""
 MAX_RECORD_BYTES = 64 * 2**20
@@ -169,7 +171,6 @@ def _counting_loader():
     bounded while they are read, their expansion by aliases before anything is built."""
     global _LOADER
     if _LOADER is None:
-        import yaml
 
         class CountingLoader(yaml.SafeLoader):
             node_budget = MAX_YAML_NODES
@@ -188,7 +189,6 @@ def _counting_loader():
 def _check_expansion(root, max_nodes: int) -> None:
     """YAMLBoundError when the node graph, its aliases expanded, holds more than max_nodes
     nodes or a cycle. Iterative: a deep document cannot exhaust the stack here."""
-    import yaml
     size: dict[int, int] = {}
     on_path: set[int] = set()
     stack: list[tuple[object, bool]] = [(root, False)]

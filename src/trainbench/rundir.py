@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from .errors import InputError
+from .files import is_regular
 
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
@@ -228,7 +229,6 @@ def recorded_activity(exp_dir: str | Path) -> str | None:
     running, else None; a local job counts only while its launcher lives (one that died
     left its row behind). Read-only: the history is opened read-only (never created) and
     a lock is waited on for half a second at most."""
-    from .files import is_regular
     try:
         resolved = Path(exp_dir).resolve()
     except (OSError, RuntimeError):

@@ -10,6 +10,8 @@ from typing import List, Optional
 import typer
 
 from ..console import fail
+from . import AcceptError, AcceptRequest, run_acceptance
+from .report import text
 
 
 def register(app: typer.Typer) -> None:
@@ -34,8 +36,6 @@ def register(app: typer.Typer) -> None:
         """Build and run every workload family's one-GPU proxy in bf16 and FP8 beside
         predict, a checkpoint save and resume, a profiled step and a probe: the first
         thing to run on a new GPU node. Exit 1 when a row failed or timed out."""
-        from . import AcceptError, AcceptRequest, run_acceptance
-        from .report import text
         keys = tuple(k.strip() for k in (only or "").split(",") if k.strip())
         if only is not None and not keys:
             fail("--only needs row names, e.g. --only llama3.1,probe")

@@ -8,7 +8,7 @@ compared across layouts.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 SEED_LLAMA31 = "seed 002 (NeMo 2 Llama 3.1 recipe)"
 SEED_LLAMA2 = "seed 001 (MaxText Llama 2 70B recipe)"
@@ -234,7 +234,6 @@ def find_row(workload: str, size: str, dtype: str, gpus: int, gpu_type: str) -> 
     for row in pool:
         if row.gpus == gpus:
             if borrowed:
-                from dataclasses import replace
                 return replace(row, note=(row.note + "; " if row.note else "")
                                + f"no {gpu_type} recipe in the seeds: H100 layout used")
             return row

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
+import warnings
 from pathlib import Path
+
+import torch
+
+from ..plan import PlanError
+from ..planning import load_plan
+from .run_records import report_failure
+from .trainer import Trainer
 
 
 def main(argv: list[str]) -> int:
@@ -13,8 +23,6 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     whole_lines()
-    from ..plan import PlanError
-    from ..planning import load_plan
     plan_path = Path(argv[0])
     try:
         # Read before torch is imported: a missing or broken plan costs no start-up.
@@ -24,16 +32,12 @@ def main(argv: list[str]) -> int:
         return 2
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
         die_with_parent()
-    import warnings
 
-    import torch
 
     # On a CPU mesh each rank's random init is overwritten by the seed's full init
     # (Trainer.materialize), so DTensor's CPU RNG caveat does not apply.
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete")
 
-    from .run_records import report_failure
-    from .trainer import Trainer
     exp_dir = plan_path.parent
     if plan.device == "cpu":
         # Ranks share the cores; oversubscribed threads would only fight each other.
@@ -70,8 +74,6 @@ def whole_lines() -> None:
 def die_with_parent() -> None:
     """Ask the kernel to kill this rank when its parent (torchrun) dies, whatever kills
     it: a rank left behind would hold its GPU and its port forever."""
-    import ctypes
-    import signal
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     if os.getppid() == 1:  # the parent died before the request took effect

@@ -23,6 +23,11 @@ import bisect
 import re
 from collections import defaultdict
 
+import torch
+from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from .trace_events import Event, step_of, step_windows
 
 LABEL_PREFIX = "trainbench.comm:"
@@ -78,11 +83,6 @@ def make_labeler(pg_labels: dict[str, str]):
 
     pg_labels maps a process group's `group_name` to its label (e.g. 'tp').
     """
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.profiler import record_function
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     namespaces = ("c10d", "_c10d_functional", "c10d_functional")
 
     def group_of(args, kwargs) -> str:

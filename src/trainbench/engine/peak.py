@@ -35,9 +35,12 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.distributed as dist
 
 from ..catalog import hardware
 from ..plan import Plan
+from .models import build_model
+from .parallel.tp import row_parallel_linears
 
 MAX_DIM = 1024
 LAYOUTS = ("NT", "NN", "TN", "TT")  # A then B: N contiguous, T a transposed view
@@ -80,10 +83,8 @@ class PeakGemm:
 def linear_shapes(plan: Plan) -> list[tuple[str, int, int]]:
     """(layer name, in features, out features) of the model's linear layers as one rank
     computes them (TP-local), without duplicates."""
-    from .models import build_model
     with torch.device("meta"):
         model = build_model(plan.model)
-    from .parallel.tp import row_parallel_linears
     row_parallel = row_parallel_linears()
     tp = plan.layout.tp
     shapes: dict[tuple[int, int], str] = {}
@@ -168,7 +169,6 @@ def measure_peak(plan: Plan, dtype: torch.dtype, autocast: bool = False) -> Peak
 def measured_peak_all_ranks(plan: Plan, dtype: torch.dtype, autocast: bool) -> PeakGemm:
     """Every rank measures at once (sharing the cores as in training); the largest
     figure is the peak, so no rank's MFU can exceed it on a lucky step."""
-    import torch.distributed as dist
     if not dist.is_initialized():
         return measure_peak(plan, dtype, autocast)
     dist.barrier()

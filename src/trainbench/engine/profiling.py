@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 
 from . import comm_trace
-from .trace_events import (Event, is_comm_execution, is_comm_op, is_gpu_event,
-                           intersect, load_events, step_windows, total, union)
+from .trace_events import (Event, intersect, is_comm_execution, is_comm_op, is_gpu_event,
+                           load_events, step_windows, total, union)
 
 PROFILE_DIR = "profile"
 COMM_SUMMARY_FILE = "comm_summary.json"
@@ -166,7 +167,6 @@ class StepTracer:
     # --- internals -----------------------------------------------------------------------
 
     def _new_profiler(self):
-        from torch.profiler import ProfilerActivity, profile
         activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)

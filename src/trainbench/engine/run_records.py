@@ -17,17 +17,19 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .. import conditions
 from ..plan import Plan
 from ..rundir import RUN_FILE, log_file_name, update_run_record
 from .log import StepMetrics
 from .parallel.mesh import ParallelDims
-from .straggler import StragglerMonitor, instrumented_steps, not_measured
+from .straggler import (StragglerMonitor, describe, instrumented_steps, not_measured, probe_command,
+                        summarize)
+from .telemetry import Sampler, combine
 
 
 def record_conditions(exp_dir: Path) -> dict:
     """This node's conditions (local rank 0), also written to conditions-<host>.json.
     A record that cannot be made never stops the run: the reason is in `missing`."""
-    from .. import conditions
     try:
         info = conditions.collect(rank_threads=torch.get_num_threads())
     except Exception as exc:  # noqa: BLE001
@@ -53,7 +55,6 @@ class WindowTelemetry:
 
     def before_step(self, step: int) -> None:
         if step == self.window[0] and self.local_rank == 0:
-            from .telemetry import Sampler
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
             self.sampler = Sampler(self.device.type, local_gpus=local)
             self.sampler.start()
@@ -75,7 +76,6 @@ class WindowTelemetry:
         throttling; rank 0 writes the job's summary into run.json."""
         if step != self.window[1]:
             return
-        from .telemetry import combine
         node = self.stop()
         energy = node.get("energy_j") if node else None
         # [nodes, nodes with energy, energy (J), nodes throttled]
@@ -131,7 +131,6 @@ def report_stragglers(monitor, step: int, elapsed: float, plan: Plan, exp_dir: P
                       log: Callable[[str], None]) -> None:
     """After the last instrumented step: rank 0 writes every rank's compute times and
     the verdict to run.json (`straggler`) and logs it (engine/straggler.py)."""
-    from .straggler import describe, probe_command, summarize
     ranks = monitor.after_step(step, elapsed)
     if not ranks:
         return
@@ -164,7 +163,6 @@ def report_failure(exp_dir: Path, plan: Plan, exc: BaseException) -> None:
 def failure_line(exc: BaseException) -> str:
     """'Type: message' on one line; a full disk anywhere in the chain (or in one rank's
     part of a checkpoint save) is named first, as the cause of everything after it."""
-
     seen, todo = set(), [exc]
     while todo:
         err = todo.pop()

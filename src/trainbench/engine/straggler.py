@@ -43,11 +43,19 @@ step (outside any timed region); rank 0 writes run.json's `straggler` and logs a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import statistics
 import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .comm_trace import op_kind
 
 SLOW_RANK_ENV = "TRAINBENCH_SLOW_RANK"
 THRESHOLD_PCT = 5.0
@@ -115,12 +123,6 @@ def install_slow_hook(model_parts, rank: int) -> float:
 def make_wait_timer(device):
     """A TorchDispatchMode adding the host time of every collective (issue to completion,
     the wait included) to its `blocked_s`."""
-    import torch
-    from torch.distributed.tensor import DTensor
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from .comm_trace import op_kind
-
     cuda = device.type == "cuda"
     work_type = torch._C._distributed_c10d.Work
 
@@ -194,7 +196,6 @@ class StragglerMonitor:
 
     def context(self, step: int):
         """The dispatch mode around a step's timed part when the step is instrumented."""
-        import contextlib
         if step not in self.steps:
             self.timer = None
             return contextlib.nullcontext()
@@ -217,7 +218,6 @@ class StragglerMonitor:
             self.timer = None
         if not self.steps or step != self.steps[-1]:
             return None
-        import torch.distributed as dist
         mine = {"rank": self.rank, "host": socket.gethostname(), "local_rank": self.local_rank,
                 "stage": self.stage, "steps": self.records}
         gathered: list = [None] * dist.get_world_size()

@@ -17,6 +17,10 @@ import re
 import threading
 import time
 
+import torch
+
+from ..conditions import nvml_module
+
 INTERVAL_S = 0.25
 
 # NVML clock-event ("throttle") reason bits, as documented in nvml.h ("Clocks Event
@@ -183,7 +187,6 @@ class CpuSysfsSource(_Source):
 def _gpu_handles(nvml, local_gpus: int) -> list:
     """NVML handles of the GPUs this node's ranks use (the first `local_gpus` CUDA devices),
     matched by UUID since NVML numbers GPUs ignoring CUDA_VISIBLE_DEVICES."""
-    import torch
     handles = []
     for i in range(local_gpus):
         uuid = str(torch.cuda.get_device_properties(i).uuid)
@@ -208,7 +211,6 @@ class Sampler:
         self._thread: threading.Thread | None = None
         try:
             if device_type == "cuda":
-                from ..conditions import nvml_module
                 nvml = nvml_module(self.missing, "telemetry")
                 if nvml is not None:
                     self.source = NvmlSource(nvml, _gpu_handles(nvml, local_gpus),

@@ -31,9 +31,17 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from ..files import NotRegularFile, TooLarge, YAMLBoundError, brief, load_yaml, read_bounded
 from ..overrides import parse_overrides
 from ..plan import Plan, PlanError
 from ..planning import build_plan
+from ..rundir import root_problem as unusable
+from .jobs import JobsDB, JobsDBError
+from .local import disk_space_problem
+from .sbatch import submit_plan
+from .slurm import SlurmOptions, check_env, check_options, missing_settings
 
 EXECUTORS = ("local", "slurm")
 # Bounds on what one file can expand to: the runs are listed (and planned) up front, so a
@@ -92,9 +100,6 @@ class BulkTask:
 
 def load_sweep(path: str | Path) -> dict:
     """The YAML mapping of a sweep file; PlanError naming the problem."""
-    import yaml
-
-    from ..files import NotRegularFile, TooLarge, YAMLBoundError, load_yaml, read_bounded
     p = Path(path)
     try:
         data = load_yaml(read_bounded(p).decode("utf-8"))
@@ -122,7 +127,6 @@ def load_sweep(path: str | Path) -> dict:
 def _axis_problem(single: str, values: list) -> str | None:
     """Why the values of one axis (workload, size, dtype: names; scale: integers) are not
     what a sweep takes; None when they are. Nothing is formatted whole (files.brief)."""
-    from ..files import brief
     for value in values:
         if single == "scale":
             if not isinstance(value, int) or isinstance(value, bool):
@@ -283,7 +287,6 @@ def plan_task(task: BulkTask) -> Plan:
     """The validated plan of one task; PlanError with lines prefixed by the task."""
     try:
         if not isinstance(task.scale, int) or isinstance(task.scale, bool):
-            from ..files import brief
             raise PlanError([f"scale {brief(task.scale)} must be an integer"])
         return build_plan(task.workload, task.size, task.dtype, task.scale, task.gpu,
                           overrides=parse_overrides(list(task.settings)),
@@ -294,7 +297,6 @@ def plan_task(task: BulkTask) -> Plan:
 
 
 def slurm_options(task: BulkTask):
-    from .slurm import SlurmOptions
     s = task.slurm
     extra = s.get("extra_args") or ()
     return SlurmOptions(
@@ -307,8 +309,6 @@ def slurm_options(task: BulkTask):
 
 def validate(tasks: list[BulkTask], cluster: dict, executor: str) -> list[Plan]:
     """Plan every task (and check its Slurm options); PlanError listing all problems."""
-    from .slurm import check_env, check_options
-
     problems: list[str] = []
     plans: list[Plan] = []
     for task in tasks:
@@ -336,9 +336,6 @@ def validate(tasks: list[BulkTask], cluster: dict, executor: str) -> list[Plan]:
 def root_problem(root: Path, executor: str) -> str | None:
     """Why the sweep's runs cannot be recorded under root (the checks `run` makes before
     it creates anything, made once for the sweep), or None."""
-    from ..rundir import root_problem as unusable
-    from .jobs import JobsDB, JobsDBError
-    from .local import disk_space_problem
     problem = unusable(root) or disk_space_problem(root)
     if problem is None and executor == "local":
         try:
@@ -367,9 +364,6 @@ def run_local_sweep(tasks: list[BulkTask], echo=print,
 
 def warn_missing_settings(tasks: list[BulkTask], plans: list[Plan], cluster: dict) -> None:
     """Each distinct missing-settings warning of the sweep's jobs, once, on stderr."""
-    import sys
-
-    from .slurm import missing_settings
     lines = {missing_settings(plan, slurm_options(task), cluster)
              for task, plan in zip(tasks, plans)}
     for line in sorted(line for line in lines if line):
@@ -379,7 +373,6 @@ def warn_missing_settings(tasks: list[BulkTask], plans: list[Plan], cluster: dic
 def submit_slurm_sweep(tasks: list[BulkTask], plans: list[Plan], root: Path, cluster: dict,
                        echo=print) -> list[tuple[BulkTask, Path, str]]:
     """Submit every task as its own Slurm job; stops at the first sbatch refusal."""
-    from .sbatch import submit_plan
     warn_missing_settings(tasks, plans, cluster)
     submitted = []
     for task, plan in zip(tasks, plans):

@@ -20,6 +20,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..files import open_regular
 from ..rundir import ACTIVE, DB_FILE, EXIT_FILE, launcher_alive
 
 SLURM_QUERY_TIMEOUT_S = 30
@@ -303,7 +304,6 @@ def jobcomp_location() -> Path | None:
 
 def jobcomp_record(job_id: str, path: Path | None) -> dict | None:
     """The job's line in the job-completion file (the newest, if requeued)."""
-    from ..files import open_regular
     if path is None:
         return None
     prefix = f"JobId={job_id} ".encode()

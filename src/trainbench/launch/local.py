@@ -9,15 +9,22 @@ ranks, and each rank dies with torchrun the same way (engine/__main__.py).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
+                           TimeRemainingColumn)
 
 from ..plan import Plan
 from ..rundir import EXIT_FILE, PLAN_FILE, log_file_name, write_launcher_record
@@ -91,8 +98,6 @@ class Progress:
         self.bar = None
         self.first: int | None = None  # first iteration seen
         if interactive:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress
-            from rich.progress import TextColumn, TimeRemainingColumn
             self.bar = RichProgress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
                                     TextColumn("{task.fields[info]}"), TimeRemainingColumn())
             self.task = self.bar.add_task("train", total=total, info="")
@@ -140,7 +145,6 @@ class Interrupts:
         self._previous: dict = {}
 
     def __enter__(self) -> "Interrupts":
-        import threading
         if threading.current_thread() is threading.main_thread():  # handlers live there
             self._previous = {sig: signal.signal(sig, self._hold) for sig in self.SIGNALS}
         return self
@@ -188,7 +192,6 @@ def run_local(plan: Plan, exp_dir: Path, interactive: bool | None = None,
     the caller's guard (Interrupts), when it holds signals past the run (finish_local);
     else the run holds them itself until exit.json is written.
     """
-    import contextlib
     with contextlib.ExitStack() as stack:
         guard = interrupts if interrupts is not None else stack.enter_context(Interrupts())
         return _run_guarded(plan, exp_dir, interactive, guard)
@@ -434,7 +437,6 @@ MIN_FREE_BYTES = 32 << 20
 
 def disk_space_problem(root: str | Path) -> str | None:
     """Why a run cannot start under root for lack of space, or None."""
-    import shutil
     try:
         where = Path(root).resolve()
     except (RuntimeError, OSError):  # a symlink loop: root_problem names it
@@ -476,7 +478,6 @@ def _release(path: Path | None) -> None:
 def _stop_with_parent(parent: int):
     """preexec_fn for torchrun: it gets SIGTERM (and stops the ranks in order) when this
     launcher dies, even by SIGKILL, which no handler of ours can catch."""
-    import ctypes
     libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork
     pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
 

@@ -20,9 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from ..catalog import hardware
+from ..config import load_config
 from ..probe import profile as P
-from ..rundir import new_stamped_dir
-from .slurm import SlurmOptions
+from ..rundir import creatable_problem, experiments_root, new_stamped_dir
+from . import local
+from .local import disk_space_problem, free_port
+from .request import available_memory_bytes, detect_gpu_type, gpu_names
+from .sbatch import render_sbatch, script_name, submit
+from .slurm import SlurmError, SlurmOptions, SubmitError, check_options, warn_missing_settings
 
 LOG_FILE = "probe.log"
 # A copy much larger than any CPU's last-level cache, so that it measures memory.
@@ -86,7 +92,6 @@ class PlannedProbe:
 
 
 def _gpu_type(req: ProbeRequest, cluster: dict) -> str:
-    from ..catalog import hardware
     gpu = req.gpu or (cluster.get("gpu_type") if req.executor == "slurm" else None)
     if gpu:
         gpu = str(gpu).lower()
@@ -94,7 +99,6 @@ def _gpu_type(req: ProbeRequest, cluster: dict) -> str:
             raise P.ProbeError(f"unknown GPU type {gpu!r}; use one of "
                                f"{', '.join(hardware.GPUS)} or cpu")
         return gpu
-    from .request import detect_gpu_type
     gpu_type, device_name = detect_gpu_type()
     # The probe needs no catalog figure: an unknown GPU is measured under its own name.
     return gpu_type or "".join(c if c.isalnum() else "-" for c in device_name.lower()).strip("-")
@@ -102,7 +106,6 @@ def _gpu_type(req: ProbeRequest, cluster: dict) -> str:
 
 def _layout(req: ProbeRequest, gpu_type: str, cluster: dict) -> tuple[int, int]:
     """(nodes, ranks per node)."""
-    from ..catalog import hardware
     if req.nodes is not None and req.nodes < 1:
         raise P.ProbeError(f"--nodes {req.nodes}: use at least 1 node")
     if req.executor == "local":
@@ -130,8 +133,6 @@ def _layout(req: ProbeRequest, gpu_type: str, cluster: dict) -> tuple[int, int]:
 
 def plan_probe(req: ProbeRequest) -> PlannedProbe:
     """Everything a probe needs, checked before anything is created or printed."""
-    from ..catalog import hardware
-    from ..config import load_config
     if req.executor not in ("local", "slurm"):
         raise P.ProbeError(f"unknown executor {req.executor!r}; use local or slurm")
     if req.scale < 1:
@@ -169,12 +170,9 @@ def plan_probe(req: ProbeRequest) -> PlannedProbe:
             "sustain_seconds": CPU_SUSTAIN_SECONDS if device == "cpu" else GPU_SUSTAIN_SECONDS}
     root = req.root
     if root is None:
-        from ..rundir import experiments_root
         root = experiments_root(cluster)
     root = Path(root)
     if not req.dry_run:
-        from ..rundir import creatable_problem
-        from .local import disk_space_problem
         problem = creatable_problem(root / "probes")
         if problem:
             raise P.ProbeError(f"probe root {root}: {problem}; pass --root (or "
@@ -191,7 +189,6 @@ def plan_probe(req: ProbeRequest) -> PlannedProbe:
 
 def _local_problem(plan: dict) -> str | None:
     if plan["device"] == "cpu":
-        from .request import available_memory_bytes
         available = available_memory_bytes()
         # Per rank: the copy's two buffers and, at the largest size, a collective's
         # buffer, its output and a piece.
@@ -201,7 +198,6 @@ def _local_problem(plan: dict) -> str | None:
                     f"memory but {available / P.GIB:.1f} GiB are available; use a smaller "
                     "--scale or --max-size")
         return None
-    from .request import gpu_names
     have = len(gpu_names())
     if have == 0:
         return (f"a {plan['gpu_type']} probe needs NVIDIA GPUs but this machine has none; use "
@@ -244,7 +240,6 @@ def _remove(out_dir: Path) -> None:
 
 
 def torchrun_command(plan: dict, plan_path: Path) -> list[str]:
-    from .local import free_port
     return [sys.executable, "-m", "torch.distributed.run",
             f"--nproc-per-node={plan['scale']}", "--nnodes=1", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--max-restarts=0",
@@ -254,7 +249,6 @@ def torchrun_command(plan: dict, plan_path: Path) -> list[str]:
 def run_local(plan: dict, out_dir: Path, echo=print) -> tuple[int, str]:
     """torchrun with one worker per rank; every line goes to probe.log, rank 0's progress
     lines (`probe: ...`) also to `echo`. Returns (exit code, reason) and writes exit.json."""
-    from . import local
     env = dict(os.environ)
     if plan["device"] == "cpu":
         # The ranks share this machine's cores: each gets its share, as in a CPU run.
@@ -306,15 +300,12 @@ def run_local(plan: dict, out_dir: Path, echo=print) -> tuple[int, str]:
 
 
 def render_slurm(planned: PlannedProbe, out_dir: Path, opts: SlurmOptions) -> str:
-    from .sbatch import render_sbatch
     return render_sbatch(planned.job, out_dir, opts, planned.cluster)
 
 
 def submit_slurm(planned: PlannedProbe, opts: SlurmOptions) -> tuple[Path, str]:
     """Validate, create the probe directory with its plan and script, sbatch it; a refused
     submission removes the directory again. (probe directory, Slurm job id)."""
-    from .sbatch import script_name, submit
-    from .slurm import SlurmError, SubmitError, check_options, warn_missing_settings
     check_options(planned.job, opts, planned.cluster)
     warn_missing_settings(planned.job, opts, planned.cluster)
     out_dir = create_probe_dir(planned)

@@ -10,6 +10,11 @@ from typing import List, Optional
 import typer
 
 from ..console import console, fail
+from ..probe.profile import PLOT_FILE, PROFILE_FILE, ProbeError, fmt_bytes, load_profile
+from ..probe.report import plot_profile, print_profile
+from .probe import (ProbeRequest, create_probe_dir, plan_probe, render_slurm, run_local,
+                    submit_slurm, torchrun_command)
+from .slurm import SlurmError, SlurmOptions, SubmitError
 
 
 def register(app: typer.Typer) -> None:
@@ -47,8 +52,6 @@ def register(app: typer.Typer) -> None:
                                              help="Extra sbatch argument (repeatable)."),
     ):
         """Measure GEMMs, memory bandwidth and collectives on every rank; name slow ones."""
-        from .slurm import SlurmOptions
-        from .probe import ProbeRequest
         if report is not None:
             show(report)
             return
@@ -65,8 +68,6 @@ def register(app: typer.Typer) -> None:
 
 
 def show(path: Path) -> None:
-    from ..probe.profile import PLOT_FILE, ProbeError, load_profile
-    from ..probe.report import plot_profile, print_profile
     try:
         profile = load_profile(path)
     except ProbeError as err:
@@ -81,11 +82,6 @@ def show(path: Path) -> None:
 
 
 def execute(req) -> None:
-    from .slurm import SlurmError, SubmitError
-    from ..probe.profile import PLOT_FILE, PROFILE_FILE, ProbeError, fmt_bytes, load_profile
-    from ..probe.report import print_profile
-    from .probe import (create_probe_dir, plan_probe, render_slurm, run_local,
-                          submit_slurm, torchrun_command)
     try:
         planned = plan_probe(req)
     except ProbeError as err:

@@ -10,6 +10,7 @@ PROFILE_STOP_STEP) are read from `RunRequest.environ`, so tests pass their own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -18,8 +19,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-from ..plan import Plan
-from .slurm import SlurmOptions
+from ..catalog import hardware
+from ..config import load_config
+from ..default_dtype import default_dtype_for
+from ..engine.checkpoint_dirs import CheckpointError, check_model, resolve
+from ..files import brief
+from ..metrics import parse_window
+from ..overrides import parse_overrides
+from ..plan import Features, Plan, PlanError
+from ..planning import build_plan
+from ..predict.memory import tensor_bytes
+from ..results import summarize_experiment
+from ..rundir import (PLAN_FILE, RootError, checked_root, experiments_root, new_experiment_dir,
+                      root_problem)
+from .jobs import JobsDB, JobsDBError, exit_record
+from .local import Interrupts, disk_space_problem, run_local
+from .slurm import SlurmError, SlurmOptions, check_env, cluster_env, parse_env_items
 
 
 class RunRequestError(Exception):
@@ -90,7 +105,6 @@ def gpu_names() -> list[str]:
 
 def detect_gpu_type() -> tuple[str, str]:
     """(catalog key or 'cpu' or '', device name) of this machine's first GPU."""
-    from ..catalog import hardware
     names = gpu_names()
     if not names:
         return hardware.CPU, "CPU"
@@ -100,7 +114,6 @@ def detect_gpu_type() -> tuple[str, str]:
 
 def parse_ranks(text: str, scale: int) -> tuple[int, ...]:
     """'0,1' -> (0, 1); 'all' -> every rank; ValueError with the fix otherwise."""
-    from ..files import brief
     if text.strip().lower() == "all":
         return tuple(range(scale))
     parts = [part.strip() for part in text.split(",") if part.strip()]
@@ -150,7 +163,6 @@ def _profile_window(req: RunRequest) -> tuple[str, int, int]:
         raise RunRequestError(f"unknown profiler {profile!r}; use torch or nsys")
     if not req.profile_steps:
         return profile, env_start, env_stop
-    from ..metrics import parse_window
     try:
         start, stop = parse_window(req.profile_steps)
     except ValueError as err:
@@ -160,8 +172,6 @@ def _profile_window(req: RunRequest) -> tuple[str, int, int]:
 
 def _job_environment(req: RunRequest, cluster: dict) -> dict[str, str]:
     """The ranks' environment: the cluster config's (local runs), then --env."""
-    from ..plan import PlanError
-    from .slurm import SlurmError, check_env, cluster_env, parse_env_items
     try:
         # Secrets never enter plan.json or a job script, whatever the executor: the
         # ranks inherit them from this shell instead.
@@ -195,16 +205,12 @@ def _gpu_type(req: RunRequest, gpu: str | None) -> str:
 
 def plan_run(req: RunRequest) -> PlannedRun:
     """Everything a run needs, checked before anything is created or printed."""
-    from ..config import load_config
-    from ..overrides import parse_overrides
-    from ..plan import Features, PlanError
-    from ..planning import build_plan
-
     if req.executor not in ("local", "slurm"):
         raise RunRequestError(f"unknown executor {req.executor!r}; use local or slurm")
     if req.scale < 1:
         raise RunRequestError(f"--scale {req.scale}: the scale is the number of ranks (GPUs, or "
                               "processes on a CPU) and must be at least 1")
+    # Here, not at the top: the engine package imports torch, which `--help` must not.
     from ..engine.straggler import SLOW_RANK_ENV, parse_slow_rank
     try:  # the straggler test hook: a typo fails here, before any rank starts
         slow = parse_slow_rank(os.environ.get(SLOW_RANK_ENV))
@@ -241,7 +247,6 @@ def plan_run(req: RunRequest) -> PlannedRun:
     gpu_type = _gpu_type(req, gpu)
     dtype, dtype_reason = req.dtype, None
     if dtype is None:
-        from ..default_dtype import default_dtype_for
         dtype, dtype_reason = default_dtype_for(req.workload, req.size, gpu_type)
     features = Features(profile=profile, profile_start=start, profile_stop=stop,
                         profile_ranks=ranks_to_profile, nccl_trace=req.nccl_trace,
@@ -256,7 +261,6 @@ def plan_run(req: RunRequest) -> PlannedRun:
         raise RunRequestError(*err.problems) from None
     if found is not None:
         # The model this plan builds (overrides included) against the one saved.
-        from ..engine.checkpoint_dirs import CheckpointError, check_model
         try:
             check_model(found, req.workload, req.size, plan.model)
         except CheckpointError as err:
@@ -278,7 +282,6 @@ def _checkpoint_to_load(req: RunRequest, profile: str, start: int, stop: int,
     error, never a silent fresh start."""
     if not req.load_checkpoint:
         return None, []
-    from ..engine.checkpoint_dirs import CheckpointError, resolve
     try:
         found, skipped = resolve(req.load_checkpoint)
     except CheckpointError as err:
@@ -295,7 +298,6 @@ def _checkpoint_to_load(req: RunRequest, profile: str, start: int, stop: int,
 def _experiments_root(req: RunRequest, cluster: dict) -> Path:
     """--root (or TRAINBENCH_ROOT), else the config's, else .: resolved, and refused in
     one line when it cannot be used (experiment.checked_root)."""
-    from ..rundir import RootError, checked_root, experiments_root
     try:
         return (experiments_root(cluster) if req.root is None
                 else checked_root(req.root, "--root (or TRAINBENCH_ROOT)"))
@@ -304,9 +306,7 @@ def _experiments_root(req: RunRequest, cluster: dict) -> Path:
 
 
 def _check_where_the_run_is_recorded(req: RunRequest, root: Path) -> None:
-    from ..rundir import root_problem
-    from .jobs import JobsDB, JobsDBError
-    from .local import disk_space_problem
+
     # A Slurm job writes its experiment under the same root: a full disk stops it too.
     problem = root_problem(root) or disk_space_problem(root)
     if problem:
@@ -335,8 +335,6 @@ class StartedRun:
 
 def create_local_experiment(planned: PlannedRun) -> StartedRun:
     """The experiment directory, its plan.json and a RUNNING job row, or none of them."""
-    from ..rundir import PLAN_FILE, new_experiment_dir
-    from .jobs import JobsDB, JobsDBError
     root, exp_dir = planned.root, None
     try:
         db = JobsDB(root)
@@ -358,11 +356,6 @@ def finish_local(started: StartedRun, interrupts=None) -> tuple[int, object, dic
     """Run the created experiment here; (exit code, parsed result, exit record). Signals
     are held (local.Interrupts: the caller's, else one of its own) until the job's row
     has its exit code: a Ctrl-C, or two, stop the run but never its records."""
-    import contextlib
-
-    from ..results import summarize_experiment
-    from .jobs import exit_record
-    from .local import Interrupts, run_local
     with contextlib.ExitStack() as stack:
         guard = interrupts if interrupts is not None else stack.enter_context(Interrupts())
         code = run_local(started.plan, started.exp_dir, interrupts=guard)
@@ -402,7 +395,6 @@ def available_memory_bytes() -> int | None:
 def cpu_memory_problem(plan: Plan) -> str | None:
     """A CPU run whose ranks together would not fit this machine's memory is refused
     before it starts: the alternative is the kernel's OOM killer, or a frozen machine."""
-    from ..predict.memory import tensor_bytes
     available = available_memory_bytes()
     if available is None:
         return None

@@ -11,8 +11,19 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
 from ..console import console, fail
+from ..layout import rank_rows
+from ..plan import compile_label, dp_sharding_label, performance_notes
+from ..predict.memory import check_memory
+from ..results.summary import NO_PEAK_CPU_FP8
+from .local import Interrupts
+from .request import (RunRequest, RunRequestError, create_local_experiment, finish_local,
+                      local_problem, plan_run)
+from .sbatch import launch_on_slurm, submit_plan
+from .slurm import SlurmError, SlurmOptions
 
 
 def register(app: typer.Typer) -> None:
@@ -66,8 +77,6 @@ def register(app: typer.Typer) -> None:
                                         "does not fit the GPU (refused otherwise)."),
     ):
         """Plan a workload and train it: here with torchrun, or on Slurm."""
-        from .request import RunRequest
-        from .slurm import SlurmOptions
         execute(RunRequest(
             workload=workload, size=size, scale=scale, dtype=dtype, gpu=gpu,
             gpus_per_node=gpus_per_node, steps=steps, settings=tuple(settings),
@@ -90,8 +99,6 @@ def _refuse(problems) -> None:
 def execute(req, preflight: bool = True, force: bool = False) -> None:
     """Plan the request, print the plan, then dry-run, submit or run it, and print what
     came back. Every refusal is one line per problem and exit code 2."""
-    from .request import (RunRequestError, create_local_experiment, finish_local,
-                          local_problem, plan_run)
     try:
         planned = plan_run(req)
     except RunRequestError as err:
@@ -115,7 +122,7 @@ def execute(req, preflight: bool = True, force: bool = False) -> None:
         print_rank_layout(out, plan)
         out.print("dry run: nothing launched")
         return
-    from .local import Interrupts
+
     # From the experiment's creation until its records are written, a Ctrl-C (or two)
     # stops the run but never leaves it without exit.json and the job's exit code.
     with Interrupts() as interrupts:
@@ -137,8 +144,6 @@ def execute(req, preflight: bool = True, force: bool = False) -> None:
 
 def submit(out, req, planned, preflight: bool = True) -> None:
     """A planned run on Slurm: the job script printed (dry run) or submitted."""
-    from .sbatch import launch_on_slurm, submit_plan
-    from .slurm import SlurmError
     plan, opts = planned.plan, req.slurm
     try:
         if req.dry_run:
@@ -149,6 +154,7 @@ def submit(out, req, planned, preflight: bool = True) -> None:
             return
         if preflight and plan.num_nodes > 1:
             # A shape bug in the real model costs seconds here, not a queue wait on many nodes.
+            # (check builds the model with torch, which `--help` must not import.)
             from ..check.preflight import preflight_problem, preflight_ranks
             ranks = " and ".join(str(r) for r in preflight_ranks(plan))
             problem = preflight_problem(plan)
@@ -164,7 +170,6 @@ def submit(out, req, planned, preflight: bool = True) -> None:
 
 
 def print_plan(out, plan) -> None:
-    from ..plan import compile_label, performance_notes
     lay = plan.layout
     out.print(f"[bold]{plan.name}[/bold]: {plan.model.name}, {plan.dtype}, {plan.gpus} ranks on "
               f"{plan.num_nodes} node(s) of {plan.gpus_per_node} ({plan.gpu_type})")
@@ -178,9 +183,6 @@ def print_plan(out, plan) -> None:
 
 
 def print_rank_layout(out, plan) -> None:
-    from rich.table import Table
-
-    from ..layout import rank_rows
     lay = plan.layout
     table = Table(title=f"Per-rank layout ({plan.gpus} ranks"
                   + (f"; the first rank of each pipeline stage, standing for its "
@@ -199,8 +201,6 @@ def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> bool:
     prints for this plan (trainbench's engine, FSDP2), a warning when it does not fit,
     and the data-parallel sharding and gradient dtype the plan runs and what chose them.
     False where the plan is predicted not to fit (run refuses it without --force)."""
-    from ..plan import dp_sharding_label
-    from ..predict.memory import check_memory
     m, line = check_memory(plan, config=config)
     fits = not (m is not None and m.fits is False)
     if fits:
@@ -221,11 +221,6 @@ def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> bool:
 def print_summary(out, r) -> None:
     """A run's window statistics and metrics (an ExperimentResult), next to the reference
     where one exists."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from ..results.summary import NO_PEAK_CPU_FP8
-
     # Log text (error lines quote paths like "[/src/...]") is never read as rich markup.
     table = Table(title=escape(f"{r.name}: {r.status}" + (f" ({r.status_detail})"
                                                            if r.status_detail else "")),

@@ -7,11 +7,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+from dataclasses import replace as with_fields
 from pathlib import Path
 
-from ..rundir import EXIT_FILE, PLAN_FILE
+from ..rundir import EXIT_FILE, PLAN_FILE, new_experiment_dir, root_of_experiment
+from .jobs import JobsDB
+from .local import nsys_prefix
 from .slurm import (SlurmError, SlurmOptions, SubmitError, check_options, check_path, cluster_env,
                     ranks_per_node, warn_missing_settings)
 
@@ -45,7 +49,6 @@ def _engine_lines(plan, exp: str) -> list[str]:
     module, plan_file = getattr(plan, "rank_program", ("trainbench.engine", PLAN_FILE))
     if plan.features.profile != "nsys":
         return [f'    -m {module} "$TB_EXP_DIR/{plan_file}"']
-    from .local import nsys_prefix
     nsys = shlex.join(nsys_prefix(Path(exp)))
     return ["    --no-python \\",
             f"    {nsys} \\",
@@ -178,9 +181,6 @@ def launch_on_slurm(plan, exp_dir: Path, opts: SlurmOptions, cluster: dict,
     returned. SlurmError for invalid input (nothing written), SubmitError when sbatch fails
     (the script stays in exp_dir; no job is recorded).
     """
-    from ..rundir import root_of_experiment
-    from .jobs import JobsDB
-
     exp_dir = Path(exp_dir)
     script = render_sbatch(plan, exp_dir, opts, cluster)
     if dry_run:
@@ -205,11 +205,6 @@ def submit_plan(plan, root: Path, opts: SlurmOptions, cluster: dict,
     Returns (experiment directory, Slurm job id). `warn`: say on stderr which cluster
     settings the script lacks (bulk says it once for the sweep instead).
     """
-    import shutil
-    from dataclasses import replace as with_fields
-
-    from ..rundir import new_experiment_dir
-
     check_options(plan, opts, cluster)
     if warn:
         warn_missing_settings(plan, opts, cluster)

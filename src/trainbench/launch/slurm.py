@@ -25,6 +25,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, replace
 
+from ..catalog import hardware
+from ..config import config_path
 from ..files import brief
 from ..plan import PlanError
 
@@ -256,7 +258,6 @@ def missing_settings(plan, opts: SlurmOptions, cluster: dict) -> str | None:
     ) if needed and not value]
     if not missing:
         return None
-    from ..config import config_path
     names = [m[0] for m in missing]
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
     where = ("in the cluster config" if configured
@@ -314,7 +315,6 @@ def parse_env_items(items: list[str], source: str = "--env") -> dict[str, str]:
 
 def check_cluster_config(data: dict) -> list[str]:
     """Problems with the launcher's keys of a cluster config (empty when valid)."""
-    from ..catalog import hardware
     problems: list[str] = []
     try:
         section = cluster_slurm(data)
@@ -365,7 +365,6 @@ def detect_cluster() -> dict:
     Keys (each only when found): partition (the default one, else the first), partitions,
     gres, gpus_per_node, gpu_type, account, accounts.
     """
-    from ..catalog import hardware
     found: dict = {}
     out = _query(["sinfo", "-h", "-o", "%P|%G"])
     if out:

@@ -13,8 +13,21 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+import yaml
+from rich.table import Table
 
+from ..config import config_path, load_config, save_config
 from ..console import console, fail
+from ..files import (NotRegularFile, TooLarge, YAMLBoundError, describe_read_error, load_yaml,
+                     read_bounded, tail_lines)
+from ..plan import PlanError
+from ..rundir import DB_FILE, EXIT_FILE, RootError, checked_root, experiments_root, log_file_name
+from . import bulk
+from .jobs import JobsDB, JobsDBError, refresh, settle_local_jobs
+from .request import detect_gpu_type
+from .sbatch import render_sbatch, sbatch_output_name, script_name
+from .slurm import (CONFIG_KEYS, SlurmError, SubmitError, check_cluster_config, detect_cluster,
+                    parse_env_items)
 
 # Square brackets are escaped for rich, which renders the help; the last paragraph is one
 # line because rich keeps the line breaks of a docstring.
@@ -44,7 +57,6 @@ def _fail_problems(problems: list[str]) -> None:
 
 
 def _load_cluster(check: bool = True) -> dict:
-    from ..config import load_config
     try:
         return load_config(check=check)
     except ValueError as err:
@@ -54,7 +66,6 @@ def _load_cluster(check: bool = True) -> dict:
 def _root(root: Optional[Path], cluster: dict) -> Path:
     """The experiments root (--root, TRAINBENCH_ROOT, the config's, or .); one line and
     exit 2 when it cannot be used (experiment.checked_root)."""
-    from ..rundir import RootError, checked_root, experiments_root
     try:
         return checked_root(root, "--root (or TRAINBENCH_ROOT)") if root else \
             experiments_root(cluster)
@@ -65,9 +76,6 @@ def _root(root: Optional[Path], cluster: dict) -> Path:
 # --- init -----------------------------------------------------------------------------------
 def _config_from_file(path: Path) -> dict:
     """A YAML file in the cluster config's own shape, or flat (account:, partition:, ...)."""
-    import yaml
-
-    from ..files import NotRegularFile, TooLarge, YAMLBoundError, load_yaml, read_bounded
     try:
         data = load_yaml(read_bounded(path).decode("utf-8")) or {}
     except UnicodeDecodeError:
@@ -89,7 +97,6 @@ def _config_from_file(path: Path) -> dict:
             slurm[key] = data.pop(key)
     if "slurm_args" in data:
         slurm["extra_args"] = data.pop("slurm_args")
-    from .slurm import CONFIG_KEYS
     unknown = set(data) - set(CONFIG_KEYS)
     if unknown:
         fail(f"{path}: unknown keys {', '.join(sorted(unknown))}; known: account, partition, "
@@ -101,7 +108,6 @@ def _config_from_file(path: Path) -> dict:
 
 def _prompt_config(current: dict, detected: dict) -> dict:
     """Ask for each key; Enter keeps the default shown (current config, else detected)."""
-    from .slurm import parse_env_items
     slurm = dict(current.get("slurm") or {})
 
     def ask(label: str, default, hint: str = ""):
@@ -146,7 +152,6 @@ def _merged_config(current: dict, detected: dict, from_file: Path | None, *, acc
                    gres, slurm_args, gpu_type, gpus_per_node, experiments_root, env) -> dict:
     """The config init writes without asking: the current one, what Slurm reports where
     the current one is silent, then --from FILE, then the options."""
-    from .slurm import SlurmError, parse_env_items
     data = dict(current)
     slurm = dict(data.get("slurm") or {})
     for key in ("account", "partition", "gres"):
@@ -198,9 +203,6 @@ def init_command(
     sacctmgr; with options, --from FILE or --yes it asks nothing (for scripts and CI).
     Secrets such as HF_TOKEN are refused: export them in your shell instead.
     """
-    from ..config import config_path, save_config
-    from .slurm import CONFIG_KEYS, SlurmError, check_cluster_config, detect_cluster
-
     # Unchecked: a wrongly typed value in the current config is what init may be fixing.
     current = _load_cluster(check=False)
     given = any(v is not None for v in (account, partition, gpus_per_node, gpu_type, gres,
@@ -244,7 +246,6 @@ def init_command(
     except ValueError as err:
         fail(str(err))
     typer.echo(f"wrote {path}")
-    import yaml
     mine = {k: data[k] for k in CONFIG_KEYS if k in data}
     typer.echo(yaml.safe_dump(mine, sort_keys=True).rstrip())
     if path != config_path():
@@ -261,11 +262,6 @@ def bulk_command(
                                         help="Where experiments/ and the job history live "
                                              "(default: the cluster config's, else .)."),
 ):
-    from ..plan import PlanError
-    from . import bulk
-    from .sbatch import render_sbatch
-    from .slurm import SubmitError
-
     cluster = _load_cluster()
     try:
         data = bulk.load_sweep(file)
@@ -276,7 +272,6 @@ def bulk_command(
         fail(f"unknown executor {executor!r}; use local or slurm")
     local_gpu = None
     if executor == "local":
-        from .request import detect_gpu_type
         local_gpu = detect_gpu_type()[0] or None
     try:
         tasks = bulk.expand(data, cluster, executor, local_gpu)
@@ -330,7 +325,6 @@ bulk_command.__doc__ = BULK_HELP
 
 
 def _sweep_table(title: str, tasks: list, plans: list):
-    from rich.table import Table
     table = Table(title=title)
     for col in ("#", "workload", "size", "dtype", "ranks", "repeat", "layout", "nodes", "steps"):
         table.add_column(col)
@@ -361,7 +355,6 @@ def _jobs_root(ctx: typer.Context, root: Optional[Path]) -> Optional[Path]:
 @contextlib.contextmanager
 def _history_errors():
     """A locked, damaged or uncreatable job history ends the command with one line."""
-    from .jobs import JobsDBError
     try:
         yield
     except JobsDBError as err:
@@ -369,8 +362,6 @@ def _history_errors():
 
 
 def _open_db(root: Optional[Path]):
-    from ..rundir import DB_FILE
-    from .jobs import JobsDB
     where = _root(root, _load_cluster())
     if not (where / DB_FILE).exists():
         if where.exists() and not where.is_dir():
@@ -402,7 +393,6 @@ def _results_word(job: dict) -> str:
 
 
 def _jobs_table(jobs: list[dict], root: Path):
-    from rich.table import Table
     table = Table(title=f"jobs in {root}")
     # The directory's last part only (its timestamp tells repeats apart); the full path
     # is in `trainbench jobs show ID`. The keys a user (or a script) reads a row by never
@@ -425,7 +415,6 @@ def _list_jobs(root: Optional[Path]) -> None:
     if db is None:
         typer.echo(f"no jobs recorded under {where} yet")
         return
-    from .jobs import settle_local_jobs
     with _history_errors():
         settle_local_jobs(db)
         jobs = db.list()
@@ -447,12 +436,9 @@ def jobs_show(ctx: typer.Context,
               job: int = typer.Argument(..., help="The job's id in `trainbench jobs`."),
               root: Optional[Path] = ROOT_OPT):
     """One job in full: state, plan, files, results; the log's tail if it failed."""
-    from ..rundir import EXIT_FILE, log_file_name
-    from .sbatch import sbatch_output_name, script_name
     db, where = _open_db(_jobs_root(ctx, root))
     row = None
     if db is not None:
-        from .jobs import settle_local_jobs
         with _history_errors():
             settle_local_jobs(db)
             row = db.get(job)
@@ -487,7 +473,6 @@ def jobs_show(ctx: typer.Context,
         typer.echo("results:")
         typer.echo(json.dumps(json.loads(row["results_json"]), indent=2, sort_keys=True))
     if row["state"] in ("FAILED", "CANCELLED", "TIMEOUT"):
-        from ..files import describe_read_error, tail_lines
         for f in (log, exp / sbatch_output_name(row["name"])):
             if f.exists():
                 try:  # a regular file's last bytes only: a FIFO or a huge log never hangs
@@ -504,7 +489,6 @@ def jobs_refresh(ctx: typer.Context,
                  ids: List[int] = typer.Argument(None, help="Only these jobs (default: all)."),
                  root: Optional[Path] = ROOT_OPT):
     """Update states from Slurm (squeue, sacct, jobcomp or exit.json); parse results."""
-    from .jobs import refresh
     db, where = _open_db(_jobs_root(ctx, root))
     if db is None:
         typer.echo(f"no jobs recorded under {where} yet")

@@ -22,6 +22,9 @@ import re
 import statistics
 from pathlib import Path
 
+from ..catalog import hardware
+from ..catalog.models import MODELS
+
 SCHEMA = 1
 PROFILE_FILE = "hardware-profile.json"
 PLOT_FILE = "bandwidth.png"
@@ -143,7 +146,6 @@ def gemm_shapes(device: str) -> list[dict]:
     """[{name, m, k, n}] for C[m, n] = A[m, k] @ W[n, k]^T (nn.Linear's layout). On a CPU
     each shape is scaled by one factor so its largest side is CPU_MAX_DIM (its aspect
     kept), each side a multiple of 16 (what FP8 GEMMs need on a GPU too)."""
-    from ..catalog.models import MODELS
     shapes = []
     for key in _SEED_MODELS:
         spec = MODELS[key]
@@ -166,7 +168,6 @@ CPU_ATTENTION = {"seq": 512, "heads": 8, "kv_heads": 2, "head_dim": 64}
 
 def attention_shape(device: str) -> dict:
     """{name, seq, heads, kv_heads, head_dim, dtype} of the attention the probe times."""
-    from ..catalog.models import MODELS
     spec = MODELS[("pretrain_llama3.1", "8b")]
     if device == "cpu":
         return {"name": f"{spec.name} attention (scaled)", **CPU_ATTENTION, "dtype": "fp32"}
@@ -191,7 +192,6 @@ SCAN_TP = 8
 
 def scan_shape(device: str) -> dict:
     """{name, seq, heads, head_dim, state, groups, chunk, dtype} of the scan the probe times."""
-    from ..catalog.models import MODELS
     spec = MODELS[("pretrain_nemotronh", "56b")]
     if device == "cpu":
         return {"name": f"{spec.name} SSD scan (scaled)", **CPU_SCAN, "dtype": "fp32"}
@@ -212,7 +212,6 @@ def share_of_peak(gpu_type: str, dtype: str, tflops: float) -> str | None:
     """A measured GEMM rate against the catalog's dense peak for the GPU type ('80.4% of
     989'), flagged when above it (the GPU is not what --gpu says); None where the catalog
     has no peak (a CPU, an unknown GPU, fp32)."""
-    from ..catalog import hardware
     gpu = hardware.GPUS.get(gpu_type)
     peak = gpu.peak_tflops.get(dtype) if gpu else None
     if not peak:

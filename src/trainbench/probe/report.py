@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
+from rich.table import Table
+
 from .profile import COLLECTIVES, fmt_bytes, share_of_peak
 
 
 def _kernel_cell(gpu_type: str, rank: dict, kernel: str) -> str:
     """'412.3 (41.7% of 989), seq 8192' for a rank's attention or scan, or 'n/a' (a
     profile from before the probe timed it, or an error)."""
-    from rich.markup import escape
     a = rank.get(kernel) or {}
     if not a.get("tflops"):
         return "n/a"
@@ -21,9 +23,6 @@ def _kernel_cell(gpu_type: str, rank: dict, kernel: str) -> str:
 
 
 def print_profile(out, profile: dict, where: Path | None = None) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
     m = profile["machine"]
     out.print(f"[bold]{escape(profile['name'])}[/bold]: {m['ranks']} ranks on {m['nodes']} "
               f"node(s) ({escape(', '.join(m['hosts']))}); {escape(', '.join(m['device_names']))}; "
@@ -100,6 +99,7 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
 def plot_profile(profile: dict, path: Path):
     """Bus bandwidth against message size, one line per collective and group, both axes
     logarithmic. Returns the (closed) figure."""
+    # matplotlib takes about a second to import: only a chart pays for it.
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

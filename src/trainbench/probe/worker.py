@@ -14,8 +14,17 @@ import platform
 import socket
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..engine import sdpa
+from ..engine.__main__ import die_with_parent, whole_lines
+from ..engine.models import mamba2
 from . import profile as P
 
 # Timed repetitions: nccl-tests' defaults on a GPU (5 warm-up, 20 timed calls); on a CPU
@@ -43,8 +52,6 @@ def _cpu_name() -> str:
 
 class Rank:
     def __init__(self, plan: dict):
-        import torch
-        import torch.distributed as dist
         self.torch, self.dist, self.plan = torch, dist, plan
         self.cuda = plan["device"] == "cuda"
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -190,9 +197,7 @@ class Rank:
         if not shape:
             return None
         torch = self.torch
-        import torch.nn.functional as F
 
-        from ..engine import sdpa
         sdpa.use_engine_order(self.device.type)
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[shape["dtype"]]
         s, n, g, d = shape["seq"], shape["heads"], shape["kv_heads"], shape["head_dim"]
@@ -221,7 +226,6 @@ class Rank:
             return None
         torch = self.torch
 
-        from ..engine.models import mamba2
         dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[shape["dtype"]]
         s, h, p, n, g = (shape[k] for k in ("seq", "heads", "head_dim", "state", "groups"))
         gen = torch.Generator(device=self.device).manual_seed(5678 + self.rank)
@@ -454,7 +458,6 @@ def main(argv: list[str]) -> int:
         print("trainbench: error: usage: python -m trainbench.probe.worker "
               "DIR/probe-plan.json", file=sys.stderr)
         return 2
-    from ..engine.__main__ import die_with_parent, whole_lines
     whole_lines()
     plan_path = Path(argv[0])
     try:
@@ -465,13 +468,11 @@ def main(argv: list[str]) -> int:
         return 2
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
         die_with_parent()
-    import warnings
     # torch >= 2.13 renames all_gather_into_tensor; older releases have only that name.
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     try:
         return run(plan_path)
     except Exception as err:  # noqa: BLE001 - one line the launcher reads, then the trace
-        import traceback
         rank = os.environ.get("RANK", "0")
         line = " ".join(f"{type(err).__name__}: {err}".split())
         print(f"[rank {rank}] trainbench engine error: {line}", file=sys.stderr, flush=True)

@@ -25,15 +25,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from .. import metrics
 from ..errors import InputError
 from ..rundir import RUN_FILE
-from .repeats import RepeatGroup, key_id, plan_label, reference_for
+from .repeats import (RepeatGroup, csv_columns, group_lines, group_results, key_id, plan_label,
+                      reference_for)
 from .status import FAILED, INCOMPLETE, INVALID
+from .summary import summarize_paths
 
 FORMAT = "trainbench-baseline"
 VERSION = 1
@@ -47,7 +53,6 @@ class BaselineError(ValueError):
 
 
 def trainbench_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
     try:
         return version("trainbench")
     except PackageNotFoundError:
@@ -338,9 +343,6 @@ def check_inputs(baseline: list[Path] | None, save_path: Path | None, tolerance_
 
 def _baseline_from_dirs(dirs: list[Path], window, convention, workload, size, dtype, scale,
                         gpu, tolerance_pct: float) -> dict[str, dict]:
-    from .. import metrics
-    from .repeats import group_results
-    from .summary import summarize_paths
     try:
         win = metrics.parse_window(window) if window else None
     except ValueError as err:
@@ -362,8 +364,6 @@ def _baseline_from_dirs(dirs: list[Path], window, convention, workload, size, dt
 def save_baseline(path: Path, doc: dict) -> None:
     """Write a new baseline file through a temporary name (never half-written, never over
     an existing file)."""
-    import os
-    import tempfile
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "w") as fh:
@@ -400,7 +400,6 @@ class Gate:
         return any(not line.passed for line in (self.baseline or []) + (self.reference or []))
 
     def lines(self) -> list[str]:
-        from .repeats import group_lines
         out = []
         if self.checked or self.saved or any(len(g.results) > 1 for g in self.groups):
             out += group_lines(self.groups)
@@ -433,7 +432,6 @@ class Gate:
         return data
 
     def csv_columns(self, results) -> list[dict]:
-        from .repeats import csv_columns
         by_path = {}
         for g in self.groups:
             cols = csv_columns(g)
@@ -456,7 +454,6 @@ class Gate:
 
 def run_gate(results, baseline: dict[str, dict] | None, reference: bool,
              save_path: Path | None, tolerance_pct: float) -> Gate:
-    from .repeats import group_results
     groups = group_results(results, tolerance_pct)
     gate = Gate(groups, tolerance_pct=tolerance_pct)
     if save_path is not None:

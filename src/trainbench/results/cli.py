@@ -3,13 +3,24 @@ imported inside the command bodies, so importing the CLI stays fast."""
 
 from __future__ import annotations
 
+import io
+import os
+import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
+from .. import metrics
+from ..config import load_config
 from ..console import console, fail
 from ..errors import InputError
+from ..rundir import checked_root, creatable_problem, experiments_root
+from . import report
+from .baseline import check_inputs, run_gate
+from .plot import write_plots
+from .summary import check_options, summarize_paths
 
 _PATHS_HELP = ("Experiment directories, trees of them, or log files "
                "(default: <root>/experiments, where `trainbench run` writes).")
@@ -32,9 +43,6 @@ _GPU_OPT = typer.Option("h100", "--gpu", help=_FOREIGN + "GPU type (the seeds' i
 def _default_paths(root: Path | None) -> list[Path]:
     """<root>/experiments: what `trainbench run` wrote, never every log under the current
     directory (in a source tree that would list its test fixtures)."""
-    from ..config import load_config
-    from ..rundir import checked_root
-    from ..rundir import experiments_root
     try:  # the config's errors and RootError (experiment.checked_root) are ValueErrors
         root = (experiments_root(load_config()) if root is None
                 else checked_root(root, "--root (or TRAINBENCH_ROOT)"))
@@ -50,8 +58,6 @@ def _default_paths(root: Path | None) -> list[Path]:
 def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, root=None,
                tolerance_pct=None):
     """Results of every experiment under paths, or a clean exit 2 saying what is wrong."""
-    from .. import metrics
-    from .summary import check_options, summarize_paths
     try:
         check_options(convention, workload, size, dtype, scale, gpu)
     except ValueError as err:
@@ -85,8 +91,6 @@ def _summarize(paths, window, convention, workload, size, dtype, scale, gpu, roo
 
 def _write_new_file(path: Path, text: str) -> None:
     """Write a file that must not exist yet, through a temporary name (never half-written)."""
-    import os
-    import tempfile
     _check_new_file(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -106,7 +110,6 @@ def _write_new_file(path: Path, text: str) -> None:
 
 def _check_new_file(path: Path) -> None:
     """-o names a new file in a writable directory; checked before any log is read."""
-    from ..rundir import creatable_problem
     if path.exists():
         fail(f"{path} already exists; results never overwrite a file, choose another -o")
     if not path.parent.is_dir():
@@ -159,7 +162,6 @@ def results_command(
     Every experiment under the given paths: trainbench runs and logs of NeMo 1/2,
     Megatron-LM/Bridge, Megatron-DeepSpeed, MaxText and torchtitan, one row each, with
     a summary line; a log in another format is listed as Unrecognised."""
-    from . import report
     if fmt not in report.FORMATS:
         fail(f"unknown --format {fmt!r}; use one of {', '.join(report.FORMATS)}")
     if sort:
@@ -169,7 +171,6 @@ def results_command(
             fail(str(err))
     if output is not None:
         _check_new_file(output)
-    from .baseline import check_inputs, run_gate
     try:
         base = check_inputs(baseline, save_baseline, tolerance, window, convention,
                             workload, size, dtype, scale, gpu)
@@ -186,16 +187,13 @@ def _emit(results, unread, gate, fmt: str, output: Path | None, records: bool,
           convention: str) -> None:
     """Print (or write to the new file `output`) the results in fmt with the gate's lines,
     then end with the gate's exit code."""
-    from . import report
     if fmt == "csv":
         text = report.to_csv(results, gate.csv_columns(results))
     elif fmt == "json":
         extra = {**gate.json(), **({"unread": unread} if unread else {})}
         text = report.to_json(results, with_records=records, extra=extra) + "\n"
     elif output is not None:
-        import io
 
-        from rich.console import Console
         buf = io.StringIO()
         report.print_table(results, Console(file=buf, width=250, color_system=None),
                            convention, fit=False)
@@ -234,10 +232,8 @@ def plot_command(
     scaling.png: tokens/s and MFU against GPU count with the reference curve (weak
     scaling); step_time_<run>.png: step time per iteration, warm-up and window shaded;
     loss.png: loss curves."""
-    from .plot import write_plots
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"{out_dir} is a file; -o takes a directory")
-    from ..rundir import creatable_problem
     problem = creatable_problem(out_dir)
     if problem:
         fail(f"-o {out_dir}: {problem}")

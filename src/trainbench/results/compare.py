@@ -32,6 +32,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.table import Table
+from rich.text import Text
+
 from ..rundir import PLAN_FILE, RUN_FILE
 from .parse import formats_read
 from .stats import NoiseTest, welch_test
@@ -545,8 +548,6 @@ def side_line(side: Side) -> str:
 
 
 def print_comparison(c: Comparison, console) -> None:
-    from rich.table import Table
-    from rich.text import Text
     console.print(side_line(c.a), markup=False, highlight=False)
     console.print(side_line(c.b), markup=False, highlight=False)
     table = Table(title="trainbench compare: B against A")

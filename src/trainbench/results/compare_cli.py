@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
+from .. import metrics
 from ..console import console, fail
+from .compare import compare, load_side, print_comparison, to_json
 
 _USAGE = ("compare needs two sides: `trainbench compare A B` (two experiment directories or "
           "logs), or sets of repeats with `--a A1 --a A2 --b B1 --b B2`")
@@ -16,7 +18,6 @@ _USAGE = ("compare needs two sides: `trainbench compare A B` (two experiment dir
 
 def register(app) -> None:
     """Add `compare` to the trainbench Typer app."""
-
     @app.command("compare")
     def compare_command(
         paths: Optional[list[Path]] = typer.Argument(
@@ -40,8 +41,6 @@ def register(app) -> None:
         With one run per side the noise is judged from the step times of the two windows
         (Welch's t-test); with sets of repeats, from the runs' own figures. Always exits 0
         on valid input: the comparison informs, it does not gate."""
-        from .. import metrics
-        from .compare import compare, load_side, print_comparison, to_json
         if fmt not in ("table", "json"):
             fail(f"unknown --format {fmt!r}; use table or json")
         if a or b:

@@ -18,6 +18,7 @@ LOSS_FILE = "loss.png"
 
 
 def _pyplot():
+    # matplotlib takes about a second to import: only `trainbench plot` pays for it.
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -6,12 +6,16 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections import Counter
 from dataclasses import fields
 
+from rich.cells import cell_len
+from rich.table import Table
+from rich.text import Text
+
 from .parse import formats_read
-from .status import (FAILED, INCOMPLETE, INVALID, RATED, RUNNING, STATUSES, SUCCESS,
-                     UNRECOGNISED)
+from .status import FAILED, INCOMPLETE, INVALID, RATED, RUNNING, STATUSES, SUCCESS, UNRECOGNISED
 from .summary import ExperimentResult
 
 FORMATS = ("table", "csv", "json")
@@ -184,7 +188,6 @@ def fitted_columns(results: list[ExperimentResult], width: int | None
     """(the columns of TABLE_COLUMNS that fit `width` characters, in their table order;
     the experiment column's width). None: no limit, every column and the names whole.
     Each column costs its widest cell and 3 characters of padding and rule."""
-    from rich.cells import cell_len
     natural = {header: max([cell_len(header)] + [cell_len(cell(r)) for r in results])
                for header, cell, _ in TABLE_COLUMNS}
     if width is None:
@@ -204,8 +207,6 @@ def fitted_columns(results: list[ExperimentResult], width: int | None
 def build_table(results: list[ExperimentResult], title: str = "trainbench results",
                 width: int | None = None):
     """The results table; with `width`, only the columns that fit it (fitted_columns)."""
-    from rich.table import Table
-    from rich.text import Text
     columns, name_width = fitted_columns(results, width)
     table = Table(title=title)
     for header, _, justify in columns:
@@ -224,7 +225,6 @@ def build_table(results: list[ExperimentResult], title: str = "trainbench result
 def table_width(console) -> int | None:
     """The width the table must fit: COLUMNS where it is set (as `ls` and rich honour
     it), else the terminal's; None (no limit) when piped or written to a file."""
-    import os
     columns = os.environ.get("COLUMNS", "")
     if columns.isascii() and columns.isdigit() and int(columns) >= 40:
         return int(columns)

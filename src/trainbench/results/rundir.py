@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..catalog import models
 from ..files import MAX_RECORD_BYTES, describe_read_error, file_kind, is_regular, read_bounded
-from ..rundir import EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE, launcher_gone
+from ..plan import Plan
+from ..rundir import EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE, launcher_gone, recorded_activity
 
 LOG_SUFFIXES = (".out", ".log")
 
@@ -132,7 +133,6 @@ def read_run_dir(directory: Path, notes: list[str]) -> RunFacts:
     facts = RunFacts()
     facts.plan = read_json(directory / PLAN_FILE, notes)
     if facts.plan is not None:
-        from ..plan import Plan
         try:
             facts.model = Plan.from_dict(dict(facts.plan)).model
         except (TypeError, KeyError, ValueError):
@@ -179,7 +179,6 @@ def still_running(directory: Path) -> str | None:
     if gone is False:
         return "its launcher is still running"
     if gone is None:
-        from ..rundir import recorded_activity
         state = recorded_activity(directory)
         if state is not None:
             return f"the job history says {state}"

@@ -13,10 +13,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .. import flops as fl
-from .. import metrics
+from .. import flops as fl, metrics
 from ..catalog import hardware, models, recipes, references
 from ..files import describe_read_error, is_regular
+from ..plan import DTYPES, Layout
 from ..rundir import METRICS_FILE, launcher_gone
 from .failure import find_failure
 from .infer import Identity, infer_identity
@@ -29,8 +29,8 @@ from .window import NO_PEAK_CPU_FP8, window_metrics
 
 __all__ = ["ExperimentResult", "NO_PEAK_CPU_FP8", "check_options", "find_experiments",
            "reference_mfu_pct", "speed_verdict", "summarize_experiment", "summarize_paths"]
-from .status import (FAILED, INCOMPLETE, INVALID, RUNNING, SUCCESS, UNRECOGNISED,
-                     classify_failure, compute_status)
+from .status import (FAILED, INCOMPLETE, INVALID, RUNNING, SUCCESS, UNRECOGNISED, classify_failure,
+                     compute_status)
 
 _CAUSE_TAIL = 8 * 2**20
 """How far back from its end a log not named log-* is searched for a cause of failure
@@ -152,7 +152,6 @@ def check_options(convention: str = "published", workload: str | None = None,
                   size: str | None = None, dtype: str | None = None, scale: int | None = None,
                   gpu: str | None = None) -> None:
     """ValueError naming what is wrong with user-given options, and what would be right."""
-    from ..plan import DTYPES
     if convention not in fl.CONVENTIONS:
         raise ValueError(f"unknown FLOPs convention {convention!r}; use one of "
                          f"{', '.join(fl.CONVENTIONS)}")
@@ -356,7 +355,6 @@ def _identify_from_plan(result: ExperimentResult, facts: RunFacts) -> None:
     result.gbs, result.seq_len = plan.get("gbs"), plan.get("seq_len")
     layout = plan.get("layout") or {}
     if layout:
-        from ..plan import Layout
         try:
             result.layout = Layout(**layout).describe()
         except TypeError:
