@@ -46,7 +46,6 @@ class GPU:
 # DGX B200 v5.0 and Tyche GB200 NVL72 v5.1); GB300 NVL72 carries an 800 Gb/s ConnectX-8
 # per GPU (Theia GB300 NVL72, v5.1: "4x ConnectX-8 IB XDR 800 Gb/s"). B300's 90 is an
 # assumption (no system description of it was cited).
-# Until 2026-11-26 B200 and GB200 were given 90 GB/s, twice their NIC.
 GPUS: dict[str, GPU] = {
     "a100": GPU("a100", "A100 SXM 80GB", {"bf16": 312}, 80, 2.0, 600, 8,
                 network_gbs=22.5, intra_node_busbw_gbs=230, name_patterns=("A100",)),

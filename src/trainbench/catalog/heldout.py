@@ -62,7 +62,7 @@ MB_2509_MOE / MB_2511_MOE / MB_2602_MOE / MB_260401_MOE
     NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary.md at commits fa0315a (2025-10-10,
     "25.09 NeMo Container"), 5776a6d (2025-12-10, "25.11"), c0b9a00 (2026-02-26, "26.02")
     and 21d102f (2026-05-27, "26.04.01"): the MoE rows DeepSeekV3, Qwen3_30B_a3B and
-    Qwen3_235B_a22B (issue 20). The tables print EP; the recipes behind them
+    Qwen3_235B_a22B. The tables print EP; the recipes behind them
     (scripts/performance/configs/{deepseek,qwen3}/*_llm_pretrain.yaml at fa0315a) set
     ETP=1 and the page says "we force-balance the token distribution among experts and all
     benchmarks are token-dropless" (25.11). The 25.09 table has no precision column; its
@@ -315,7 +315,7 @@ def _moe(workload, size, dtype, gpu_type, gpus, tp, pp, vp, ep, mbs, gbs, tokens
 _Q = "pretrain_qwen3"
 _D = "pretrain_deepseek_v3"
 
-# The published MoE rows (issue 20): all seq 4096, CP 1, no FSDP, ETP 1; VP "n/a" -> 1.
+# The published MoE rows: all seq 4096, CP 1, no FSDP, ETP 1; VP "n/a" -> 1.
 # Held out like the rest: predict is never fitted on them.
 HELD_OUT_MOE: list[HeldOutRow] = [
     # workload, size, dtype, gpu, gpus, TP, PP, VP, EP, MBS, GBS, tokens/s/GPU, TFLOPS/GPU

@@ -46,10 +46,9 @@ CUDNN_SDPA
       is of older software: GB300's run in the same directory and commit, same settings
       (artifacts/sdpa_bf16_benchmark_results_NVIDIA_GB300.csv @0b1577c: fwd 1.470 ms at
       1495.674, bwd 4.865 ms at 1130.076, 1215 fwd + bwd) is 19% below GB300's cuDNN 9.19
-      run. Until 2026-11-27 it was stored, and B200's attention was charged at 0.44 of its
-      peak; B200 now keeps the fitted fraction (0.57 of 2250 = 1290 TFLOPS), labelled an
-      assumption, close to what the old run times GB300's software gain gives (998 x 1499 /
-      1215 = 1231, 5% apart).
+      run, so it is not stored: B200 keeps the fitted fraction (0.57 of 2250 = 1290
+      TFLOPS), labelled an assumption, close to what the old run times GB300's software
+      gain gives (998 x 1499 / 1215 = 1231, 5% apart).
     As fractions of the BF16 peak: H200 0.57, GB200 0.56, GB300 0.61. A ratio of two
     such rates is a hardware comparison only when both ran the same software, hence
     B200's omission. The same

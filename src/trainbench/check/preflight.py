@@ -1,4 +1,4 @@
-"""Build a plan's first and last rank before launching it (issue 15, item 4).
+"""Build a plan's first and last rank before launching it.
 
 `preflight_problem(plan)` runs the build in a child Python (`python -m
 trainbench.check.preflight`, the plan as JSON on stdin) so the launcher's own process

@@ -375,8 +375,7 @@ def ssd_scan_bytes(m: ModelSpec, sh: Shape) -> float:
     - dt, its cumulative sums and their gradients (fp32, H per token): 43 passes; the raw
       dt and its gradient (bf16): 4; the final states (H P N per sequence, fp32): 2.
     With H 32, P 64, G 1, N 256, Q 128 (a TP8 rank of Nemotron-H 56B) that is 311 KB per
-    token, of which 188 KB are the chunk states; the ones predict charged until 2026-11-27
-    (12 fp32 passes of the states alone, 197 KB) left out the x-sized passes."""
+    token, of which 188 KB are the chunk states."""
     t = sh.tp
     H, P, N, Q = m.mamba_heads / t, m.mamba_head_dim, m.mamba_state, m.mamba_chunk
     G = max(1, m.mamba_groups // t)

@@ -88,7 +88,7 @@ def print_profile(out, profile: dict, where: Path | None = None) -> None:
     out.print(f"health: [{colour}]{verdict['status']}[/{colour}]{rule}", highlight=False)
     for finding in verdict["findings"]:
         out.print(f"  {escape(finding['message'])}", highlight=False)
-    for note in verdict.get("notes", []):  # profiles written before 2026-11-27 have none
+    for note in verdict.get("notes", []):  # an older profile has none
         out.print(f"  note: {escape(note)}", highlight=False)
     if profile.get("test_hook"):
         out.print(f"note: test hook set ({escape(str(profile['test_hook']))})", highlight=False)
