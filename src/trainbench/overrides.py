@@ -20,7 +20,8 @@ FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
 
 CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES,
                "reduce_dtype": ("fp32", "bf16"), "cp_impl": ("allgather", "ring"),
-               "dp_sharding": ("full", "gradients", "optimizer")}
+               "dp_sharding": ("full", "gradients", "optimizer"),
+               "adam_moments": ("fp32", "bf16")}
 
 
 BOOL_KEYS = ("compile", "fsdp_prefetch", "async_tp")

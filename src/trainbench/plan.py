@@ -145,6 +145,9 @@ class Plan:
     """Context parallel attention: 'allgather' (keys/values gathered) or 'ring' (PyTorch's
     ring attention, CUDA kernels only)."""
     fp8_recipe: str = FP8_RECIPES[0]
+    adam_moments: str = "fp32"
+    """dtype of AdamW's two moments: 'fp32', or 'bf16' where the recipe keeps them so
+    (Megatron's precision-aware optimizer); the master weights stay fp32 either way."""
     """FP8 scaling of an fp8 run: 'tensorwise' or 'rowwise' (`--set fp8_recipe=rowwise`)."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment for the ranks (`--env K=V`)."""

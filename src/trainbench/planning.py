@@ -200,6 +200,7 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
     if peak is None and gpu is not None:
         peak = gpu.peak(dtype)
     overrides.setdefault("recompute", row.recompute)
+    overrides.setdefault("adam_moments", row.adam_moments)
     _set_run_defaults(overrides, tiny=row.source == recipes.TINY, gpu_type=gpu_type)
     per_node = overrides.pop("gpus_per_node", gpus_per_node)
     if per_node is None:

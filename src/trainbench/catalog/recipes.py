@@ -57,6 +57,9 @@ class RecipeRow:
     """Activation recomputation the published run used ('none', 'selective', 'full')."""
     pp_split: str = ""
     """Megatron's pipeline layout string where the layers do not split evenly."""
+    adam_moments: str = "fp32"
+    """dtype of AdamW's moments in the published run ('bf16': Megatron's precision-aware
+    optimizer, master weights fp32)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -133,10 +136,14 @@ def _moe_row(workload, size, dtype, gpu_type, gpus, layers, tp, pp, vp, ep, mbs,
     """A published MoE layout (seq 4096, CP 1, ETP 1: the expert weights are not TP-split;
     EP spans the TP x DP ranks of a pipeline stage, as in Megatron-Core)."""
     dp = gpus // (tp * pp)
+    # Megatron-Bridge's DeepSeek-V3 recipe runs the precision-aware optimizer with bf16
+    # moments (recipes/deepseek/deepseek_v3.py @05d003f: use_precision_aware_optimizer,
+    # exp_avg_dtype = exp_avg_sq_dtype = bf16, main_params_dtype fp32).
+    moments = "bf16" if workload == "pretrain_deepseek_v3" else "fp32"
     return RecipeRow(workload, size, dtype, gpu_type, gpus, 4096, layers, tp, pp, 1, ep, dp,
                      vp, mbs, gbs, gbs // (mbs * dp), source,
                      note=("ETP 1" + ("; " + note if note else "")), recompute="selective",
-                     pp_split=pp_split)
+                     pp_split=pp_split, adam_moments=moments)
 
 
 # 61 layers do not split evenly over the stages: Megatron-Core places them with an uneven

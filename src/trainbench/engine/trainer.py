@@ -133,7 +133,8 @@ class Trainer:
         self.select_kernels()
         torch.manual_seed(self.plan.seed)
         self.build_model()
-        self.optimizer = build_optimizer(self.model, self.plan.lr)
+        self.optimizer = build_optimizer(self.model, self.plan.lr,
+                                         moments=self.plan.adam_moments)
         self.fp8_info = None
         if self.plan.dtype in FP8_DTYPES:
             self.fp8_info = float8.summary(self.model_parts, self.plan, dist.get_backend())

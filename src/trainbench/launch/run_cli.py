@@ -209,6 +209,9 @@ def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> bool:
         out.print(f"[yellow]warning: {line}[/yellow]", highlight=False)
     if plan.gpus > 1:
         out.print(f"data-parallel sharding: {dp_sharding_label(plan)}", highlight=False)
+    if plan.adam_moments == "bf16":
+        out.print("AdamW moments: bf16 (the recipe's precision-aware optimizer; master weights "
+                  "fp32)", highlight=False)
     return fits
 
 

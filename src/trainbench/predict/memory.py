@@ -269,6 +269,8 @@ def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ..
     params = sum(ctx.work[k].params * n for k, n in kinds.items())
     fp8_params = sum(n * _fp8_params(ctx.work[k]) for k, n in kinds.items())
     mixed = plan.dtype != "fp32"
+    # AdamW's two moments, fp32 or bf16 (plan.adam_moments; fp32 master weights beside).
+    moments = 2 * (2.0 if plan.adam_moments == "bf16" else 4.0)
     opt_shards = lay.dp * lay.cp
     # Routed experts are already split over EP, which spans a stage's tp x cp x dp ranks
     # (Megatron-Core's ETP 1 layout, and the engine's); the rest of those ranks (expert
@@ -282,7 +284,8 @@ def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ..
         weights = (2.0 if mixed else 4.0) * params
         weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
         grads = (2.0 if mixed else 4.0) * params
-        optimizer = (12.0 if mixed else 8.0) * (dense / opt_shards + expert / expert_shards)
+        optimizer = ((4.0 if mixed else 0.0) + moments) * (dense / opt_shards
+                                                           + expert / expert_shards)
         transient = 0.0
     else:
         shard = ctx.groups.fsdp.size
@@ -292,7 +295,7 @@ def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ..
         state = dense / shard + expert / eshard + local / (shard * moe_tp)
         weights = 4.0 * state
         grads = 4.0 * state
-        optimizer = 8.0 * state
+        optimizer = moments * state
         unit = _unit_param_max(ctx)
         # Two gathered units alive (the running one and the prefetched one) and one unit's
         # unsharded fp32 gradients before they are reduce-scattered (FSDP2 / ZeRO-3).
