@@ -375,20 +375,19 @@ def test_interleaved_trace_peak_does_not_grow_with_microbatches_and_three_stages
         assert traced[gbs]["error"] is None, traced[gbs]["error"]
         assert traced[gbs]["pipeline_buffer_bytes"] == 0
     assert (traced[64]["microbatches"], traced[128]["microbatches"]) == (8, 16)
-    # What the trace still grows by is torch's tracker's, not the step's: under
-    # FSDPMemTracker each stage's received input (3 a microbatch on rank 0) stays alive to
-    # the end of the step; without the tracker none is alive after it (measured with
-    # weak references), and torch's own stages kept 7 buffers a microbatch all step.
+    # Under FSDPMemTracker each stage's received input outlived its microbatch (3 a
+    # microbatch on rank 0, 3 x 8 messages more at 16 microbatches than at 8) until the
+    # trace released it where the engine does (build._received_inputs_released).
     message = 8192 * 4096 * 2
     grown = traced[128]["peak_bytes"] - traced[64]["peak_bytes"]
-    assert abs(grown - 3 * 8 * message) < 2**20, grown / message
+    assert abs(grown) < 2**20, grown / message
     # By default a pipeline rank traces 4 x PP microbatches (8 of the step's 16).
     short = trace_rank(plan, 0)
     assert (short["microbatches"], short["step_microbatches"]) == (8, 16)
     assert abs(short["peak_bytes"] - traced[64]["peak_bytes"]) < 2**20
-    # 2 x PP falls short of the steady state.
+    # 2 x PP microbatches already reach it, now that received inputs do not pile up.
     shorter = trace_rank(plan, 0, pipeline_microbatches=4)
-    assert traced[128]["peak_bytes"] - shorter["peak_bytes"] > 2**27
+    assert abs(traced[128]["peak_bytes"] - shorter["peak_bytes"]) < 2**20
     hidden, kv, vocab, mlp = 4096, 1024, 128256, 14336
     layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden
     three_stages = 2 * (vocab * hidden + 3 * layer)  # bf16: the embedding's and two more
