@@ -204,6 +204,10 @@ def test_tp2_run_matches_one_process_and_says_what_it_keeps(tmp_path):
     assert losses(one) == pytest.approx(losses(tp2), rel=FP8_PARITY_LOSS_RTOL)
     norms = [[r["grad_norm"] for r in read_metrics(d)] for d in (one, tp2)]
     assert norms[0] == pytest.approx(norms[1], rel=FP8_PARITY_GRAD_NORM_RTOL)
-    for run, form in ((one, "fp8"), (tp2, "fp8 where that frees the bf16 input, bf16 elsewhere")):
-        info = json.loads((run / "run.json").read_text())
-        assert info["fp8"]["saved_input"] == form
+    # Per layer: q, k, v, gate, up and down at TP1 (the out-projection's input is the
+    # attention core's output, kept anyway); the down projection alone at TP2.
+    layers = _plan().model.layers
+    for run, per_layer in ((one, 6), (tp2, 1)):
+        fp8 = json.loads((run / "run.json").read_text())["fp8"]
+        assert fp8["saved_input"] == "fp8 where that frees the bf16 input, bf16 elsewhere"
+        assert fp8["saved_input_fp8_linears"] == per_layer * layers

@@ -97,7 +97,9 @@ def convert(model: nn.Module, plan: Plan, backend: str) -> None:
                                    module_filter_fn=lambda m, fqn: eligible(m, fqn, tp))
         chosen = [m for m in model.modules() if is_float8_linear(m)]
         # Tensorwise only: the rowwise recipe's backward casts the input along the other
-        # axis, not as the forward did, so it keeps the bf16 input (float8_input.py).
+        # axis, not as the forward did, so it keeps the bf16 input (float8_input.py), as
+        # MXFP8's linears do (torchao's mxfp8_linear saves input_hp: its blocks of 32
+        # run along the tokens for the weight gradient, along the features forward).
         from .float8_input import enable
         enable(model, plan)
         wrap_experts(model, "fp8", backend)
@@ -176,7 +178,7 @@ def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
     """What ran, for run.json: the recipe, FP8 all-gather, the layers kept in bf16, and
     what the FP8 linears keep of their input for the backward (float8_input.py)."""
-    from .float8_input import saved_input_form
+    from .float8_input import saved_input_summary
     converted, experts, kept = 0, [], []
     for part in model_parts:
         for name, module in part.named_modules():
@@ -193,7 +195,8 @@ def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
             "float8_expert_layers": len(experts),
             "expert_recipe": experts[0] if experts else None,
             "float8_tp_styles": plan.layout.tp > 1 and float8_tp_comms(plan, backend),
-            "saved_input": saved_input_form(model_parts) if plan.dtype == "fp8" else "bf16",
+            **(saved_input_summary(model_parts) if plan.dtype == "fp8"
+               else {"saved_input": "bf16", "saved_input_fp8_linears": 0}),
             "emulated": backend != "nccl"}
 
 

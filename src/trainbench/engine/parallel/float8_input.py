@@ -105,14 +105,15 @@ def enable(model: nn.Module, plan: Plan) -> int:
     return count
 
 
-def saved_input_form(model_parts: list[nn.Module]) -> str:
-    """What the FP8 linears keep of their input for the backward, for run.json."""
+def saved_input_summary(model_parts: list[nn.Module]) -> dict:
+    """What the FP8 linears keep of their input for the backward, for run.json: `fp8`,
+    `bf16`, or both (FP8 where that frees the bf16 input), and how many keep FP8."""
     from torchao.float8.float8_linear import Float8Linear
-    kinds = {isinstance(m, Float8LinearKeepingFP8Input) for part in model_parts
-             for m in part.modules() if isinstance(m, Float8Linear)}
-    if True not in kinds:
-        return "bf16"
-    return "fp8" if kinds == {True} else "fp8 where that frees the bf16 input, bf16 elsewhere"
+    kinds = [isinstance(m, Float8LinearKeepingFP8Input) for part in model_parts
+             for m in part.modules() if isinstance(m, Float8Linear)]
+    form = ("bf16" if not any(kinds) else "fp8" if all(kinds)
+            else "fp8 where that frees the bf16 input, bf16 elsewhere")
+    return {"saved_input": form, "saved_input_fp8_linears": sum(kinds)}
 
 
 def shared_cast(x: torch.Tensor, linear) -> torch.Tensor:
