@@ -211,3 +211,25 @@ def test_tp2_run_matches_one_process_and_says_what_it_keeps(tmp_path):
         fp8 = json.loads((run / "run.json").read_text())["fp8"]
         assert fp8["saved_input"] == "fp8 where that frees the bf16 input, bf16 elsewhere"
         assert fp8["saved_input_fp8_linears"] == per_layer * layers
+
+
+def test_real_width_llama_layer_keeps_its_fp8_inputs_as_predict_says(monkeypatch):
+    """One Llama 3.1 8B layer of the FP8 seed row (CP2 x DP4, MBS 1, 8192 tokens: 4096 a
+    rank), traced as `check` traces it: keeping the FP8 inputs frees, per token, the two
+    norm outputs (hidden each), the SwiGLU product (ffn) and the CP concatenation of the
+    attention's output (q = hidden), 1 B an element each, less their four fp32 scales;
+    predict's engine model moves by the same bytes."""
+    from test_activation_memory import _layer_activations, _predicted
+
+    from trainbench.engine.parallel import float8_input
+    kept, plan = _layer_activations("pretrain_llama3.1", "8b", "fp8", 8, 1)
+    monkeypatch.setattr(float8_input, "enable", lambda model, plan: 0)
+    stock, _ = _layer_activations("pretrain_llama3.1", "8b", "fp8", 8, 1)
+    m = plan.model
+    assert (plan.layout.cp, plan.layout.tp, plan.recompute) == (2, 1, "none")
+    tokens = plan.mbs * plan.seq_len // plan.layout.cp
+    freed = tokens * (2 * m.hidden + m.ffn + m.heads * m.head_dim) - 4 * 4
+    assert stock - kept == freed
+    bf16_input = dataclasses.replace(plan, fp8_recipe="rowwise")
+    assert (_predicted(bf16_input, "attention", "mlp") - _predicted(plan, "attention", "mlp")
+            == freed + 4 * 4)

@@ -108,8 +108,12 @@ class Shape:
     (every other column-parallel linear keeps the shard and gathers it again, as
     Megatron does); an MoE layer's shared expert runs whole on each TP rank's tokens/tp
     (Megatron splits it over TP on the gathered sequence); the all-gather CP keeps its
-    chunks' outputs beside their concatenation; torchao's float8 linear keeps its bf16 input; and the loss is cut
-    into chunks (logits_bytes)."""
+    chunks' outputs beside their concatenation; an FP8 linear keeps its bf16 input unless
+    `fp8_input_kept`; and the loss is cut into chunks (logits_bytes)."""
+    fp8_input_kept: bool = False
+    """The engine's FP8 linears keep their input's FP8 cast (1 B) for the backward where
+    that frees the bf16 input: the tensorwise recipe (engine/parallel/float8_input.py;
+    torchao's own float8 linear, which the rowwise recipe runs, keeps the bf16 input)."""
     fused_loss: bool = False
     """A Megatron-LM run's loss is Transformer Engine's fused cross entropy (its
     `cross_entropy_fusion_impl = "te"`, in NVIDIA's recipes from Megatron-Bridge 25.09 and
@@ -180,14 +184,17 @@ def _common(m: ModelSpec, sh: Shape) -> _Common:
     # per token, a norm reads x and writes y forward and reads x, dy and writes dx backward
     # (5 h), a residual add reads two and writes one forward and passes the gradient on (4 h).
     norm_residual = 9.0 * h * tok / t
-    # FP8 recipes keep a GEMM's input in FP8 (1 B): Transformer Engine saves the cast copy.
-    # torchao's float8 linear (the engine's) keeps the high-precision input and casts it
-    # again in the backward (matmul_with_hp_or_float8_args saves input_hp).
-    gb = 1 if sh.fp8 and not sh.engine else b
+    # FP8 recipes keep a GEMM's input in FP8 (1 B): Transformer Engine saves the cast copy,
+    # and so does the engine under tensorwise scaling (fp8_input_kept). torchao's own
+    # float8 linear (the engine's rowwise recipe) keeps the high-precision input and
+    # casts it again in the backward (matmul_with_hp_or_float8_args saves input_hp).
+    gb = 1 if sh.fp8 and (not sh.engine or sh.fp8_input_kept) else b
     # Layer input and norm output, kept on tokens/tp: Megatron gathers the norm output again
     # for the weight gradient (four all-gathers and reduce-scatters per transformer layer),
-    # and so does the engine (engine/parallel/tp.py, GatherSequence).
-    norm_saved = h * (tok / t * b + tok / t * gb)
+    # and so does the engine (engine/parallel/tp.py, GatherSequence), which keeps the
+    # bf16 shard for it: its FP8 linears keep the norm output in FP8 only at TP1.
+    norm_gb = b if sh.engine and t > 1 else gb
+    norm_saved = h * (tok / t * b + tok / t * norm_gb)
     # The output head's column-parallel linear gathers its own input and keeps it whole
     # in the engine (DTensor's ColwiseParallel).
     head_gathered = tok if sh.engine else tok / t
@@ -214,7 +221,8 @@ def _attention_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
         # concatenation, the out projection's input; like Megatron's ring it keeps
         # only its own shard of K and V and gathers the whole sequence's again in
         # the backward (parallel/cp.py). Selective recompute drops both with the core.
-        attn_out += q * tok / t * b
+        # The concatenation is the out-projection's input alone: FP8 under gb.
+        attn_out += q * tok / t * c.gb
     act = c.norm_saved + (q + 2 * kv) * tok / t * b + attn_out
     if sh.fp8 and not sh.engine:
         act += q * tok / t  # the FP8 copy of the output, the out-projection's input
@@ -281,9 +289,14 @@ def _moe_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
     hbm = ((c.norm_residual + 8.0 * f * (rows + shared_rows)) * b + router_bytes(mine, E)
            + permutation_bytes(mine, rows, h, b, E // ep, ep,
                                fused_dispatch=not sh.engine))
-    kept = ((2.0 * b + c.gb) * f + h * b) * (rows + shared_rows) + E * mine * 4
-    # The norm's input and output stay on the rank's tokens: nothing gathers them.
-    moe_norm_saved = h * tok / t * (b + c.gb)
+    # The down projection's input: the engine's routed experts (torchao's rowwise grouped
+    # GEMM) keep it in bf16, its shared expert's FP8 down projection as gb says.
+    routed_gb = b if sh.engine else c.gb
+    kept = (((2.0 * b + routed_gb) * f + h * b) * rows
+            + ((2.0 * b + c.gb) * f + h * b) * shared_rows + E * mine * 4)
+    # The norm's input and output stay on the rank's tokens: nothing gathers them. The
+    # engine's bf16 router keeps the norm output in bf16 whatever its FP8 linears keep.
+    moe_norm_saved = h * tok / t * (b + (b if sh.engine else c.gb))
     local = h * E + 3 * h * fs if sh.engine and t > 1 else 0.0
     params = (h * E + (E // ep) * 3 * h * f + 3 * h * fs / shared_split + h)
     return LayerWork("moe", tuple(lins), hbm_bytes=hbm, act_bytes=moe_norm_saved + kept,
@@ -305,8 +318,11 @@ def _mamba_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
     hbm = (c.norm_residual + 8.0 * conv_ch * tok + 5.0 * d_inner * tok) * b
     # Kept: in_proj output (z, xBC, dt) and the scan output y; the memory-efficient path
     # (mamba_split_conv1d_scan_combined, which Megatron-LM trains with) recomputes the
-    # convolution and the gated norm in the backward. Plus fp32 dt and dA per head.
-    kept = (2 * d_inner + 2 * gn + H + d_inner) * tok * b + 2 * H * tok * 4
+    # convolution and the gated norm in the backward. Plus fp32 dt and dA per head. The
+    # engine reruns the mixer from in_proj's output and its out_proj keeps its own
+    # input, the gated norm's output: FP8 under gb.
+    y_bytes = c.gb if sh.engine else b
+    kept = ((2 * d_inner + 2 * gn + H) * b + d_inner * y_bytes) * tok + 2 * H * tok * 4
     params = (sum(x.k * x.n for x in lins) + conv_ch * (m.mamba_conv_kernel + 1)
               + 3 * H + d_inner + h)
     return LayerWork("mamba", lins, scan_flops=total - gemm, scan_dim=m.mamba_head_dim,
