@@ -6,6 +6,7 @@ Importing this module imports no torch: the command body imports check.build.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import List, Optional
 
 import typer
@@ -64,11 +65,13 @@ def parse_ranks(text: str, world: int) -> list[int]:
 
 
 def predicted_for_rank(plan, pp_rank: int, config: dict | None = None) -> dict | None:
-    """predict's memory model (trainbench's engine sharding) for one pipeline rank."""
+    """predict's memory model (trainbench's engine sharding) for one pipeline rank, of the
+    eager step check traces (a compiled block saves what its partitioner chooses)."""
     from ..predict.context import ENGINE, make_context
     from ..predict.memory import rank_memory
+    eager = replace(plan, compile=False)
     try:
-        m = rank_memory(make_context(plan, sharding=ENGINE, config=config, need_device=False),
+        m = rank_memory(make_context(eager, sharding=ENGINE, config=config, need_device=False),
                         pp_rank)
     except (LookupError, ValueError):
         return None

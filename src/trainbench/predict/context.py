@@ -171,7 +171,8 @@ def make_context(plan: Plan, *, sharding: str = "recipe", config: dict | None = 
     shape = Shape(mbs=plan.mbs, seq_len=plan.seq_len, tp=lay.tp, cp=lay.cp,
                   act_bytes=4 if plan.dtype == "fp32" else 2, fp8=plan.dtype in FP8_DTYPES,
                   ep=lay.ep, engine=sharding == ENGINE, fused_loss=megatron.fused_loss,
-                  fp8_input_kept=plan.dtype == "fp8" and plan.fp8_recipe == "tensorwise")
+                  fp8_input_kept=plan.dtype == "fp8" and plan.fp8_recipe == "tensorwise"
+                  and not plan.compile)
     kinds = {"embedding", "head"} | {k for k, n in plan.model.layer_counts().items()
                                      if n and k != "block"}
     work = {k: layer_work(plan.model, k, shape) for k in sorted(kinds)}

@@ -112,8 +112,11 @@ class Shape:
     `fp8_input_kept`; and the loss is cut into chunks (logits_bytes)."""
     fp8_input_kept: bool = False
     """The engine's FP8 linears keep their input's FP8 cast (1 B) for the backward where
-    that frees the bf16 input: the tensorwise recipe (engine/parallel/float8_input.py;
-    torchao's own float8 linear, which the rowwise recipe runs, keeps the bf16 input)."""
+    that frees the bf16 input: the tensorwise recipe, run eagerly
+    (engine/parallel/float8_input.py; torchao's own float8 linear, which the rowwise
+    recipe runs, keeps the bf16 input). A compiled block (the default on GPUs) keeps what
+    AOTAutograd's partitioner chooses, not yet measured on a GPU: predict charges the bf16
+    input there."""
     fused_loss: bool = False
     """A Megatron-LM run's loss is Transformer Engine's fused cross entropy (its
     `cross_entropy_fusion_impl = "te"`, in NVIDIA's recipes from Megatron-Bridge 25.09 and
