@@ -8,7 +8,7 @@ gradients, the two AdamW moments, and under PP the gathered weights and fp32 gra
 stage keeps all step) is printed beside `trainbench predict`'s figure for the same
 pipeline rank (--sharding engine) and predict's whole-peak figure for the plan.
 
-    python bench/check_all_rows.py [--ranks first-last|default] [--only SUBSTRING] [--trace]
+    python bench/check_all_rows.py [--ranks first-last|default] [--only SUBSTRING] [--trace] [--moe]
 
 One line per row; the last line counts rows that built, failed, and whose model state
 differs from predict's by more than 10%. With --trace each built rank's step is also
@@ -17,6 +17,10 @@ stage's other ranks take; as many traces at once as there are CPU cores; seconds
 two minutes a trace at real width on a 2-core machine), one more line per
 rank gives the traced peak beside predict's (tensors only on both sides), and the last
 line counts the ranks more than 10% apart and those that could not be traced.
+
+--moe takes the H100 rows of Megatron-Bridge's published table instead of the seeds':
+the MoE rows (Qwen3 30B-A3B x16, 235B-A22B x256, DeepSeek-V3 671B x1024, all FP8), whose
+routing the trace answers with the balanced load (check/routing.py).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ def main() -> int:
                                                    "contains this text")
     parser.add_argument("--trace", action="store_true",
                         help="also trace each rank's step and compare its peak with predict's")
+    parser.add_argument("--moe", action="store_true",
+                        help="the published H100 MoE rows (Megatron-Bridge) instead of the seeds'")
     args = parser.parse_args()
 
     from trainbench.catalog import recipes
@@ -45,7 +51,8 @@ def main() -> int:
     from trainbench.planning import build_plan
     from trainbench.predict.memory import predict_memory
 
-    rows = [r for r in recipes.RECIPES if r.gpu_type == "h100" and r.source.startswith("seed")
+    source = "Megatron-Bridge" if args.moe else "seed"
+    rows = [r for r in recipes.RECIPES if r.gpu_type == "h100" and r.source.startswith(source)
             and args.only in f"{r.workload} {r.size} {r.dtype} {r.gpus}"]
     built = failed = off = traced_off = untraced = 0
     start_all = time.perf_counter()
