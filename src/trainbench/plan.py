@@ -159,6 +159,14 @@ class Plan:
         return self.layout.world_size
 
     @property
+    def sequence_shard_kept(self) -> bool:
+        """Whether the engine's sequence-parallel gathers keep only the rank's shard for
+        the backward and gather it again there (engine/parallel/tp.py, GatherSequence):
+        always but under full recompute, whose block checkpoint keeps only the block's
+        input anyway."""
+        return self.recompute != "full"
+
+    @property
     def weights_kept_gathered(self) -> bool:
         """The engine's FSDP units stay gathered from a step's first forward to its last
         backward: under PP (torch's schedules) and dp_sharding=gradients|optimizer."""

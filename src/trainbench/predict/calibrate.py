@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import metrics
+from ..catalog import hardware, measured
 from ..plan import Plan
 from ..planning import load_plan
 from .constants import CALIBRATION_KEY, Constants, constants_for
@@ -50,7 +51,6 @@ def gpu_bounds(gpu_type: str) -> dict[str, tuple[float, float]]:
     fit put FP8 GEMMs at 0.734 of the FP8 peak, above the 0.709 measured (and the 0.679
     `trainbench probe` measured at the seed shapes on one H100, README "On a GPU"), and
     carried that excess to every other GPU type."""
-    from ..catalog import hardware, measured
     out = dict(BOUNDS)
     gpu, figures = hardware.GPUS.get(gpu_type.lower()), measured.measured_for(gpu_type)
     if gpu is None or figures is None:

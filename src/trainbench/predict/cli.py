@@ -6,12 +6,29 @@ Importing this module imports nothing heavy: the command body imports what it us
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.table import Table
 
+from ..catalog import hardware
+from ..catalog.models import get_model
+from ..config import load_config, save_config
 from ..console import console, fail
+from ..default_dtype import default_dtype_for
+from ..overrides import CHOICE_KEYS, parse_overrides
+from ..plan import PlanError
+from ..planning import build_plan
+from .calibrate import CalibrationError, find_runs, fit, store
+from .constants import calibrated_values
+from .context import ENGINE, SHARDINGS, MegatronRun
+from .hardware_profile import HardwareProfileError, predict_with_profile, read_facts
+from .memory import verdict
+from .report import calibration_dict, part_label, prediction_dict, search_dict
+from .search import search
 
 FORMATS = ("table", "json")
 LOSSES = ("unfused", "te")
@@ -65,9 +82,6 @@ def predict(
              "GB200 / GB300 set it). Memory only: the transfers are not charged."),
 ):
     """Predict step time, tokens/s, MFU and memory per GPU before launching."""
-    from ..config import load_config
-    from .context import MegatronRun
-
     _check_choices(fmt, sharding, loss)
     megatron = MegatronRun(fused_loss=loss == "te", offload_layers=offload_layers)
     try:
@@ -82,7 +96,6 @@ def predict(
         return
     _check_prediction_options(workload, size, scale, top, headroom)
     if dtype is None:
-        from ..default_dtype import default_dtype_for
         dtype, why = default_dtype_for(workload, size, gpu)
         if fmt == "table":
             typer.echo(f"dtype: {dtype} ({why})")
@@ -101,12 +114,10 @@ def register(app) -> None:
 
 
 def _calibrated(config: dict, gpu: str) -> bool:
-    from .constants import calibrated_values
     return bool(calibrated_values(config, gpu))
 
 
 def _check_choices(fmt: str, sharding: str, loss: str) -> None:
-    from .context import SHARDINGS
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use table or json")
     if sharding not in SHARDINGS:
@@ -141,8 +152,6 @@ def _check_prediction_options(workload, size, scale, top: int, headroom: float) 
 
 
 def _overrides(sets: list[str] | None) -> dict:
-    from ..overrides import parse_overrides
-    from ..plan import PlanError
     try:
         return parse_overrides(sets or [])
     except PlanError as err:
@@ -153,7 +162,6 @@ def _hardware_facts(hardware: Path | None):
     """The measured facts of a `trainbench probe` profile, or None without --hardware."""
     if hardware is None:
         return None
-    from .hardware_profile import HardwareProfileError, read_facts
     try:
         return read_facts(hardware)  # a bad file fails first, alone
     except HardwareProfileError as err:
@@ -162,12 +170,6 @@ def _hardware_facts(hardware: Path | None):
 
 def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt,
              facts, megatron) -> None:
-    import json
-
-    from ..plan import PlanError
-    from ..planning import build_plan
-    from .hardware_profile import predict_with_profile
-    from .report import prediction_dict
     try:
         plan = build_plan(workload, size, dtype, scale, gpu, overrides=dict(overrides))
     except PlanError as err:
@@ -195,11 +197,6 @@ def _sharding_alternatives(plan, facts, sharding: str, config) -> list[dict]:
     """The same plan under the engine's other data-parallel shardings (none where the
     choice changes nothing: under PP, without data or context parallel ranks, or for
     the recipe's own framework), so a reader sees what gathering less often would buy."""
-    from dataclasses import replace
-
-    from ..overrides import CHOICE_KEYS
-    from .context import ENGINE
-    from .hardware_profile import predict_with_profile
     lay = plan.layout
     if sharding != ENGINE or lay.pp > 1 or lay.dp * lay.cp == 1 or plan.gpus == 1:
         return []
@@ -215,11 +212,6 @@ def _sharding_alternatives(plan, facts, sharding: str, config) -> list[dict]:
 
 
 def _print_prediction(plan, data: dict, pred) -> None:
-    from rich.table import Table
-
-    from ..catalog import hardware
-    from .memory import verdict
-    from .report import part_label
     out = console()
     lay = data["layout"]
     title = (f"{plan.workload} {plan.size} {plan.dtype} on {plan.gpus} x "
@@ -278,13 +270,6 @@ def _print_prediction(plan, data: dict, pred) -> None:
 
 def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top, headroom,
             fmt, facts, megatron) -> None:
-    import json
-
-    from rich.table import Table
-
-    from ..catalog.models import get_model
-    from .report import search_dict
-    from .search import search
     try:
         get_model(workload, size)
         device = constants = None
@@ -334,14 +319,6 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
 
 
 def _calibrate(directory: Path, config: dict, fmt: str, sharding: str) -> None:
-    import json
-
-    from rich.table import Table
-
-    from ..catalog import hardware
-    from ..config import save_config
-    from .calibrate import CalibrationError, find_runs, fit, store
-    from .report import calibration_dict
     if not directory.is_dir():
         fail(f"--calibrate {directory}: not a directory; pass the folder holding the "
              "experiment directories (plan.json + metrics.jsonl)")

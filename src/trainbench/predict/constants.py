@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from ..catalog import hardware, measured
+
 CALIBRATION_KEY = "calibration"
 
 
@@ -125,7 +127,6 @@ def transfer_constants(c: Constants, gpu_type: str, from_type: str = FITTED_ON
     A figure from a benchmark that measured H100 too (catalog.measured Figure.h100, e.g.
     GB200's sustained FP8 GEMM) is divided by that H100 figure, not H100's own entry.
     Where either figure is missing the fraction stays the fitted one, labelled assumed."""
-    from ..catalog import hardware, measured
     gpu_type, from_type = gpu_type.lower(), from_type.lower()
     if gpu_type == from_type or gpu_type not in hardware.GPUS:
         return c, {}

@@ -43,9 +43,11 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .constants import Constants
+from .constants import (DEFAULTS, FITTED_ON, Constants, calibrated_values, constants_for,
+                        transfer_constants)
 from .context import MegatronRun
-from .device import Device, _relabel
+from .device import Device, _relabel, device_for
+from .perf import predict_step
 
 SCHEMA = 1
 PROFILE_FILE = "hardware-profile.json"
@@ -273,7 +275,6 @@ def _default_label(device: Device) -> str:
 def efficiency_labels(gpu_type: str, calibrated: dict) -> dict[str, str]:
     """Where the GEMM and attention efficiencies come from without a profile: the
     cluster config's calibration, the H100 fit, or that fit carried by measured figures."""
-    from .constants import DEFAULTS, FITTED_ON, transfer_constants
     names = ("gemm_eff_bf16", "gemm_eff_fp8", "attn_eff")
     if gpu_type == FITTED_ON:
         out = {n: "fitted to the seeds' H100 step times (bench/predict_accuracy.py)"
@@ -295,8 +296,6 @@ def device_and_constants(gpu_type: str, gpus_per_node: int | None, facts: Hardwa
                          config: dict | None = None) -> tuple[Device, Constants]:
     """The device (its figures labelled with their sources) and constants predict uses for
     a GPU type: the profile's measured figures over the catalog's when `facts` is given."""
-    from .constants import calibrated_values, constants_for
-    from .device import device_for
     device = device_for(gpu_type, gpus_per_node, config)
     constants = constants_for(gpu_type, config)
     figures = dict(device.figures)
@@ -312,7 +311,6 @@ def predict_with_profile(plan, facts: HardwareFacts | None, *, sharding: str = "
     """(prediction, {figure: where it came from}) for a plan, with the profile's figures
     when `facts` is given, the catalog's (measured where catalog.measured has them)
     otherwise."""
-    from .perf import predict_step
     device, constants = device_and_constants(plan.gpu_type, plan.gpus_per_node, facts, config)
     pred = predict_step(plan, sharding=sharding, config=config, constants=constants,
                         device=device, megatron=megatron)

@@ -6,6 +6,10 @@ import torch
 from torch import nn
 
 from trainbench.catalog.models import ModelSpec
+from trainbench.engine.models.deepseek_v3 import DeepSeekV3
+from trainbench.engine.models.nemotronh import NemotronH
+from trainbench.engine.models.qwen3_moe import Qwen3MoE
+from trainbench.engine.models.transformer import Transformer
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
@@ -15,20 +19,16 @@ def build_model(spec: ModelSpec) -> nn.Module:
     `to_empty(device=...)` followed by `init_weights()`.
     """
     if spec.family in ("llama", "nemotron4"):
-        from trainbench.engine.models.transformer import Transformer
 
         return Transformer(spec)
     if spec.family == "nemotronh":
         # Imported here: the hybrid's module lives in its own file and is not always needed.
-        from trainbench.engine.models.nemotronh import NemotronH
 
         return NemotronH(spec)
     if spec.family == "qwen3_moe":
-        from trainbench.engine.models.qwen3_moe import Qwen3MoE
 
         return Qwen3MoE(spec)
     if spec.family == "deepseek_v3":
-        from trainbench.engine.models.deepseek_v3 import DeepSeekV3
 
         return DeepSeekV3(spec)
     raise ValueError(

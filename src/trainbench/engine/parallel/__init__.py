@@ -8,12 +8,24 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
+import torch._inductor.config
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.checkpoint import checkpoint
 
-from ...plan import FP8_DTYPES, Plan
+from ...plan import FP8_DTYPES, Plan, compile_label
+from ..models.mamba2 import Mamba2Mixer
+from ..models.moe import moe_layers
+from ..models.transformer import MLP, LayerNorm1p, RMSNorm
+from . import cp, float8
+from .cp import apply_context_parallel
+from .ep import apply_expert_parallel, share_expert_load, share_sequence_counts
+from .fsdp import apply_fsdp
 from .mesh import ParallelDims
+from .tp import apply_tensor_parallel
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
@@ -21,7 +33,6 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     'selective': recompute only the attention core, softmax(QK^T)V, as Megatron's
     selective recompute does (Korthikanti et al. 2022), the NVIDIA recipes' choice: the
     cheapest part to recompute for the memory it frees, and what predict assumes."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     if mode == "selective":
         # After context parallelism, which installs its own attend: the recomputation
         # then re-runs its key/value all-gather too.
@@ -43,8 +54,6 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
 
 def _recomputed(fn):
     """`fn` keeping only its inputs for the backward, which runs it again."""
-    from torch.utils.checkpoint import checkpoint
-
     def recomputed(*args) -> torch.Tensor:
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
     return recomputed
@@ -62,8 +71,6 @@ def keep_only_inputs_of_cheap_ops(model: nn.Module) -> None:
     and the memory model assumes, 1.00 times with this. The rerun is memory-bound passes
     (and the mixer's scan forward) inside a backward that reads the same tensors. Not
     under full recompute, which reruns the whole block and would run these a third time."""
-    from ..models.mamba2 import Mamba2Mixer
-    from ..models.transformer import MLP, LayerNorm1p, RMSNorm
     for module in model.modules():
         if isinstance(module, (RMSNorm, LayerNorm1p)):
             module.forward = _recomputed(module.forward)
@@ -76,7 +83,6 @@ def keep_only_inputs_of_cheap_ops(model: nn.Module) -> None:
 def compile_description(plan: Plan) -> str:
     """What the log and run.json say of compilation: plan.compile_label, plus what stays
     eager inside compiled blocks."""
-    from ...plan import compile_label
     label = compile_label(plan)
     if plan.compile and plan.model.is_moe:
         label += f"; {MOE_EAGER}"
@@ -95,7 +101,6 @@ def apply_compile(model: nn.Module) -> None:
     grow with depth. After activation checkpointing: compiling the checkpoint wrapper
     lets the compiled graph hold the recomputation too, and before FSDP, whose per-block
     hooks then run outside the compiled region, as FSDP2 expects."""
-    from ..models.moe import moe_layers
     for moe in moe_layers(model):
         # The router, sort, gather, combine and shared expert stay in the block's graph;
         # only the per-expert computation (or expert parallelism's dispatch, which
@@ -117,18 +122,14 @@ def single_rank_without_fsdp(plan: Plan) -> bool:
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
                 compute_dtype: torch.dtype) -> nn.Module:
     if plan.dtype in FP8_DTYPES:
-        from . import float8
         float8.convert(model, plan, dist.get_backend() if dist.is_initialized() else "gloo")
     if dims.tp_enabled:
-        from .tp import apply_tensor_parallel
         apply_tensor_parallel(model, dims["tp"], plan)
         if plan.async_tp:  # plan validation admits it on CUDA with compile only
             enable_async_tp(dims["tp"])
     if dims.cp_enabled:
-        from .cp import apply_context_parallel, keeps_shard
-        apply_context_parallel(model, dims["cp"], plan.cp_impl, keep_shard=keeps_shard(plan))
+        apply_context_parallel(model, dims["cp"], plan.cp_impl, keep_shard=cp.keeps_shard(plan))
     if dims.ep_enabled:
-        from .ep import apply_expert_parallel
         apply_expert_parallel(model, dims["ep"])
     if plan.model.is_moe:
         share_moe_statistics(model, dims)
@@ -139,7 +140,6 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
         apply_compile(model)
     if single_rank_without_fsdp(plan):
         return model
-    from .fsdp import apply_fsdp
     # FSDP wraps the model on a one-rank dp_cp mesh too (TP-only or PP-only layouts), so
     # every multi-rank layout runs the same mixed-precision code path.
     # Weights gathered once a step stay gathered after forward (the schedule or the
@@ -156,7 +156,6 @@ def share_moe_statistics(model: nn.Module, dims: ParallelDims) -> None:
     """The MoE layers' balance-loss counts summed over the ranks that hold parts of one
     sequence, and DeepSeek-V3's expert load over every rank that routes other tokens.
     Under TP the layer is token-local (tp.MoETokenLocal): its TP ranks are both."""
-    from .ep import share_expert_load, share_sequence_counts
     parts = (dims["cp_tp"] if dims.cp_enabled and dims.tp_enabled
              else dims["cp"] if dims.cp_enabled else dims["tp"] if dims.tp_enabled else None)
     if parts is not None:
@@ -187,8 +186,6 @@ def enable_async_tp(tp_mesh: DeviceMesh) -> None:
     """Asynchronous TP (torchtitan's form): inductor splits each TP all-gather+matmul and
     matmul+reduce-scatter into chunks that overlap over symmetric memory. It acts only
     in compiled graphs and needs NCCL on CUDA."""
-    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-    import torch._inductor.config
     torch._inductor.config._micro_pipeline_tp = True
     enable_symm_mem_for_group(tp_mesh.get_group().group_name)
 

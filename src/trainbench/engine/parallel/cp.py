@@ -24,6 +24,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.experimental._attention import _enable_context_parallel_dispatcher
+from torch.nn.attention.bias import causal_lower_right
+
+from .tp import regathered_in_backward
 
 
 def chunk_ids(cp: int, rank: int) -> tuple[int, int]:
@@ -110,7 +115,6 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     k_all, v_all = _whole_keys_values(k, v, group, cp, chunk, heads)
     saved = contextlib.nullcontext()
     if keep_shard and torch.is_grad_enabled():
-        from .tp import regathered_in_backward
         k_mine, v_mine = k.detach(), v.detach()
         saved = regathered_in_backward(
             (k_all, v_all), lambda: _whole_keys_values(k_mine, v_mine, group, cp, chunk, heads))
@@ -168,7 +172,6 @@ def _in_sequence_order(gathered: torch.Tensor, cp: int, chunk: int) -> torch.Ten
 def _lower_right(queries: int, keys: int):
     """The lower-right causal bias, made once per shape: it holds no data, and every layer
     of every step uses the same two."""
-    from torch.nn.attention.bias import causal_lower_right
     return causal_lower_right(queries, keys)
 
 
@@ -185,8 +188,6 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "a
     """
     group = cp_mesh.get_group()
     if impl == "ring":
-        from torch.distributed.tensor.experimental._attention import (
-            _enable_context_parallel_dispatcher)
         _enable_context_parallel_dispatcher()
     # A pipeline stage may hold no attention at all (only the embedding or the loss).
     for module in model.modules():
@@ -203,8 +204,6 @@ def _ring_attend(cp_mesh: DeviceMesh, scale: float | None = None):
     (chunks r and 2*CP-1-r), so the trainer's sharding serves both forms. It dispatches
     only the CUDA kernels (flash, memory-efficient, cuDNN): plan validation refuses it on
     a CPU."""
-    from torch.distributed.tensor import DTensor, Shard
-
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if k.shape[1] != q.shape[1]:
             # The ring kernels take no enable_gqa: expand grouped KV heads here.

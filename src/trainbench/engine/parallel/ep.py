@@ -29,7 +29,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
+
+from trainbench.engine.models.moe import grouped_swiglu, moe_layers
 
 EXPERT_WEIGHTS = ("w1", "w3", "w2")
 
@@ -102,8 +105,6 @@ def _local(w: torch.Tensor) -> torch.Tensor:
 
 
 def _ep_compute(moe: nn.Module, group, ep: int):
-    from trainbench.engine.models.moe import grouped_swiglu
-
     def experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         w1, w3, w2 = (scale_grad(_local(getattr(moe, n)), 1.0 / ep) for n in EXPERT_WEIGHTS)
         out = grouped_swiglu(rows, counts, w1, w3, w2)
@@ -124,7 +125,6 @@ def _ep_compute(moe: nn.Module, group, ep: int):
 
 def apply_expert_parallel(model: nn.Module, ep_mesh) -> None:
     """Shard every MoE layer's routed experts over `ep_mesh` and route tokens to them."""
-    from trainbench.engine.models.moe import moe_layers
     ep, group = ep_mesh.size(), ep_mesh.get_group()
     for moe in moe_layers(model):
         if moe.n_experts % ep:
@@ -141,8 +141,6 @@ def share_sequence_counts(model: nn.Module, group) -> None:
     """The MoE balance losses count each expert's tokens over whole sequences, which the
     ranks of `group` (context ranks, and tensor ranks where the layer is token-local)
     hold in parts: each rank's counts are summed over them (`MoE.sequence_counts`)."""
-    from trainbench.engine.models.moe import moe_layers
-
     def sequence_counts(counts: torch.Tensor) -> torch.Tensor:
         total = counts.clone()  # counts carry no gradient: a plain all-reduce
         dist.all_reduce(total, group=group)
@@ -157,7 +155,6 @@ def share_expert_load(model: nn.Module, group) -> None:
     each update: every rank then moves its bias by the load of the whole batch, so the
     ranks keep one bias, as one process would, instead of each drifting with its own
     tokens."""
-    from trainbench.engine.models.moe import moe_layers
     for moe in moe_layers(model):
         if moe.spec.bias_update_speed:
             moe.update_bias = _global_load_update(moe, group)
@@ -178,9 +175,6 @@ def fully_shard_experts(model: nn.Module, dense_mesh, expert_dp_mesh, policy,
     """FSDP units for the MoE layers, before their blocks': the router and shared expert
     on `dense_mesh` (the data and context ranks, and the tensor ranks under TP), the
     routed experts (ep-sharded where EP is on) on `expert_dp_mesh`."""
-    from torch.distributed.fsdp import fully_shard
-
-    from trainbench.engine.models.moe import moe_layers
     for moe in moe_layers(model):
         for sub in (moe.router, moe.shared):
             if sub is not None:

@@ -23,9 +23,16 @@ same casts, scales and saturation), the speed says nothing about an FP8 GPU.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
+import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from ...plan import Plan
+from ..models.moe import moe_layers
+from .float8_input import enable as keep_fp8_inputs, saved_input_summary
 
 FP8_DIM_MULTIPLE = 16
 """FP8 GEMMs (cuBLAS/CUTLASS _scaled_mm) need both weight dimensions to be multiples of 16."""
@@ -35,9 +42,7 @@ dimension in turn (forward, input gradient, weight gradient)."""
 
 
 def _require_torchao(mx: bool = False):
-    import logging
 
-    import torch
     # torchao's wheel carries CUDA kernels (_C*.so) and warns on import for each one that
     # cannot load; a CPU uses none of them, so the warnings would only alarm (on a GPU
     # they stay: a kernel that fails to load there matters). Its enum registrations draw
@@ -100,8 +105,7 @@ def convert(model: nn.Module, plan: Plan, backend: str) -> None:
         # axis, not as the forward did, so it keeps the bf16 input (float8_input.py), as
         # MXFP8's linears do (torchao's mxfp8_linear saves input_hp: its blocks of 32
         # run along the tokens for the weight gradient, along the features forward).
-        from .float8_input import enable
-        enable(model, plan)
+        keep_fp8_inputs(model, plan)
         wrap_experts(model, "fp8", backend)
     for module in chosen:
         module.lowp_linear = True
@@ -125,10 +129,7 @@ def mx_config(backend: str):
     pad_token_groups, no host read), so torchao's own padding
     (`pad_token_groups_for_grouped_mm`, which reads the group sizes on the host off
     Blackwell) stays off, as torchtitan leaves it."""
-    from dataclasses import replace
-
-    from torchao.prototype.moe_training.config import (MXFP8TrainingOpConfig,
-                                                       MXFP8TrainingRecipe)
+    from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
     recipe = (MXFP8TrainingRecipe.MXFP8_RCEIL if backend == "nccl"
               else MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL)
     return replace(MXFP8TrainingOpConfig.from_recipe(recipe),
@@ -159,7 +160,6 @@ def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
     from torchao.prototype.moe_training.tensor import (Float8TrainingWeightWrapperTensor,
                                                        MXFP8TrainingWeightWrapperTensor)
 
-    from ..models.moe import moe_layers
     if dtype == "mxfp8":
         wrapper, config = MXFP8TrainingWeightWrapperTensor, mx_config(backend)
         recipe = "mxfp8 (torchao grouped GEMM)"
@@ -178,7 +178,6 @@ def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
     """What ran, for run.json: the recipe, FP8 all-gather, the layers kept in bf16, and
     what the FP8 linears keep of their input for the backward (float8_input.py)."""
-    from .float8_input import saved_input_summary
     converted, experts, kept = 0, [], []
     for part in model_parts:
         for name, module in part.named_modules():
@@ -224,12 +223,10 @@ def tp_style(style, module: nn.Module, plan: Plan, backend: str):
     wrap the same Float8Linear: the GEMMs are FP8 alike, the TP traffic bf16; the
     rowwise recipe always takes them, as in torchtitan.
     """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     if (plan.dtype != "fp8" or not float8_tp_comms(plan, backend)
             or not is_float8_linear(module)):
         return style
-    from torchao.float8.float8_tensor_parallel import (Float8ColwiseParallel,
-                                                       Float8RowwiseParallel)
+    from torchao.float8.float8_tensor_parallel import Float8ColwiseParallel, Float8RowwiseParallel
     for plain, fp8 in ((ColwiseParallel, Float8ColwiseParallel),
                        (RowwiseParallel, Float8RowwiseParallel)):
         if type(style) is plain:

@@ -50,6 +50,7 @@ from torch import nn
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from ...plan import Plan
+from ..models.moe import moe_layers
 
 LAYER_INPUT_LINEARS = frozenset({"wq", "wk", "wv", "w1", "w3", "in_proj", "wq_a", "wkv_a"})
 """Linears that read their attention's, MLP's or Mamba mixer's input (the norm's output),
@@ -76,13 +77,12 @@ def reuses_forward_cast(config) -> bool:
 def keeps_fp8_input(fqn: str, plan: Plan, moe_shared_inputs: frozenset[str]) -> bool:
     """Whether the FP8 linear `fqn` keeping its input's FP8 cast frees that input's bf16
     copy (module docstring); `moe_shared_inputs`: the MoE shared experts' gate and up."""
-    from .tp import keeps_shard
     name = fqn.rsplit(".", 1)[-1]
     if fqn in moe_shared_inputs:
         return False
     if name == "wo":
         return plan.recompute == "selective" or plan.layout.cp > 1
-    if plan.layout.tp > 1 and keeps_shard(plan) and name in LAYER_INPUT_LINEARS:
+    if plan.layout.tp > 1 and plan.sequence_shard_kept and name in LAYER_INPUT_LINEARS:
         return False
     return True
 
@@ -92,7 +92,6 @@ def enable(model: nn.Module, plan: Plan) -> int:
     cast (tensorwise configs only); returns how many."""
     from torchao.float8.float8_linear import Float8Linear
 
-    from ..models.moe import moe_layers
     moes = set(moe_layers(model))
     shared = frozenset(f"{name}.shared.{proj}" for name, moe in model.named_modules()
                        if moe in moes and moe.shared is not None for proj in ("w1", "w3"))

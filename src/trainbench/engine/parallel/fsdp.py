@@ -15,6 +15,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from .ep import fully_shard_experts
+
 
 def fp32_units(module: nn.Module) -> list[nn.Module]:
     """Submodules of `module` that read their parameters in fp32 (`keep_fp32`)."""
@@ -40,7 +42,6 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
         blocks = list(layers.values())
         for index, block in enumerate(blocks):
             if moe_meshes is not None:  # see parallelize.moe_fsdp_meshes and ep.py
-                from .ep import fully_shard_experts
                 fully_shard_experts(block, *moe_meshes, policy, reshard_after_forward)
             # The last block's backward starts right after its forward (only the head and
             # loss come between): resharding it would cost an all-gather for nothing.

@@ -17,29 +17,31 @@ does (`MambaMixerParallel`).
 
 from __future__ import annotations
 
+import math
 from fnmatch import fnmatch
 from typing import Callable
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+from trainbench.engine.models.moe import MoE
 
 from ...plan import Plan
+from .ep import scale_grad
+from .float8 import tp_style
 
 
 def storage_key(t: torch.Tensor) -> int:
     """Identity of the memory behind `t` (a DTensor's: its local tensor's), the same for
     every view and detached alias of it: what a saved-tensor hook matches a saved tensor
     with, whether autograd saved the tensor itself, a view, or a compiled graph its input."""
-    from torch.distributed.tensor import DTensor
     local = t._local_tensor if isinstance(t, DTensor) else t
     return local.untyped_storage()._cdata
 
@@ -80,7 +82,6 @@ def regathered_in_backward(wholes: tuple[torch.Tensor, ...], rebuild):
     The saved values are the same, so losses and gradients are unchanged. Never inside a
     non-reentrant checkpoint of the same tensors (full recompute): the innermost hooks
     win, and the checkpoint would keep what it means to drop."""
-    from torch.autograd.graph import saved_tensors_hooks
     # Autograd keeps both hooks with every tensor saved under them, the tensors kept
     # whole included: the hooks must hold no reference to the wholes themselves.
     keys = {storage_key(w): (i, _is_dtensor(w)) for i, w in enumerate(wholes)}
@@ -120,7 +121,6 @@ class GatherSequence(ParallelStyle):
         self.local_output = local_output
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from torch.distributed.tensor import DTensor
         inner = module.forward
         keep_shard, local_output = self.keep_shard, self.local_output
 
@@ -193,10 +193,6 @@ class VocabParallelEmbedding(ParallelStyle):
         self.copy_output = copy_output
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        import math
-
-        import torch.nn.functional as F
-        from torch.distributed.tensor import DTensor, Partial
         vocab = module.weight.shape[0]
         module.register_parameter("weight", nn.Parameter(
             distribute_tensor(module.weight, device_mesh, [Shard(0)])))
@@ -228,9 +224,9 @@ EDGE_PLAN: dict[str, ParallelStyle] = {
 
 def keeps_shard(plan: Plan | None) -> bool:
     """Whether the sequence-parallel gathers keep only the shard for the backward
-    (GatherSequence): always but under full recompute, whose block checkpoint keeps only
-    the block's input anyway (and whose hooks must not be nested with ours)."""
-    return plan is None or plan.recompute != "full"
+    (GatherSequence; Plan.sequence_shard_kept). Not under full recompute, whose hooks
+    must not be nested with ours."""
+    return plan is None or plan.sequence_shard_kept
 
 
 def transformer_plan(keep_shard: bool = True) -> dict[str, ParallelStyle]:
@@ -337,9 +333,6 @@ class MoETokenLocal(ParallelStyle):
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from torch.distributed.tensor import DTensor
-
-        from .ep import scale_grad
         tp = device_mesh.size()
 
         def local_in(mod, args):
@@ -391,7 +384,6 @@ class _SumGradOverTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        import torch.distributed as dist
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad, None
@@ -421,7 +413,6 @@ def deepseek_v3_plan(model: nn.Module, plan: Plan | None = None) -> dict[str, Pa
     up-projections sum their input gradient over TP, and the shared RoPE key's gradient
     is summed by _MLAttentionInput. The dense blocks' MLP split as usual, the MoE blocks'
     as in _moe_styles."""
-    from trainbench.engine.models.moe import MoE
     styles: dict[str, ParallelStyle] = dict(EDGE_PLAN)
     for key, block in model.layers.items():
         prefix = f"layers.{key}"
@@ -479,9 +470,7 @@ def with_float8_styles(model: nn.Module, styles: dict[str, ParallelStyle],
     (parallel/float8.py); the same dict when the run is not FP8."""
     if plan.dtype != "fp8":  # MXFP8 layers take the plain styles (bf16 TP traffic)
         return styles
-    import torch.distributed as dist
 
-    from .float8 import tp_style
     backend = dist.get_backend() if dist.is_initialized() else "gloo"
     return {name: style if _fed_by_gather(style, plan) else
             tp_style(style, model.get_submodule(name), plan, backend)
