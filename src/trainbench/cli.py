@@ -211,8 +211,8 @@ def flops(
                    f"MFU ({convention}): {mfu_text}")
 
 
-# Commands that live with their subsystem register themselves here, each importing
-# its heavy dependencies lazily.
+# Commands that live with their subsystem register themselves here; their modules keep
+# torch out of `trainbench --help` (torch loads where a command body needs it).
 COMMAND_MODULES = ("launch.run_cli", "results.cli", "predict.cli", "launch.slurm_cli",
                    "check.cli", "launch.probe_cli", "results.compare_cli", "accept.cli")
 for _module in COMMAND_MODULES:

@@ -171,7 +171,6 @@ def _counting_loader():
     bounded while they are read, their expansion by aliases before anything is built."""
     global _LOADER
     if _LOADER is None:
-
         class CountingLoader(yaml.SafeLoader):
             node_budget = MAX_YAML_NODES
             composed = 0

@@ -193,7 +193,6 @@ def _emit(results, unread, gate, fmt: str, output: Path | None, records: bool,
         extra = {**gate.json(), **({"unread": unread} if unread else {})}
         text = report.to_json(results, with_records=records, extra=extra) + "\n"
     elif output is not None:
-
         buf = io.StringIO()
         report.print_table(results, Console(file=buf, width=250, color_system=None),
                            convention, fit=False)

@@ -19,17 +19,12 @@ def build_model(spec: ModelSpec) -> nn.Module:
     `to_empty(device=...)` followed by `init_weights()`.
     """
     if spec.family in ("llama", "nemotron4"):
-
         return Transformer(spec)
     if spec.family == "nemotronh":
-        # Imported here: the hybrid's module lives in its own file and is not always needed.
-
         return NemotronH(spec)
     if spec.family == "qwen3_moe":
-
         return Qwen3MoE(spec)
     if spec.family == "deepseek_v3":
-
         return DeepSeekV3(spec)
     raise ValueError(
         f"unknown model family {spec.family!r}; expected 'llama', 'nemotron4', 'nemotronh', "
