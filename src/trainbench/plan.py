@@ -145,6 +145,11 @@ class Plan:
     """Context parallel attention: 'allgather' (keys/values gathered) or 'ring' (PyTorch's
     ring attention, CUDA kernels only)."""
     fp8_recipe: str = FP8_RECIPES[0]
+    ssd_scan: str = "auto"
+    """The Mamba-2 scan a hybrid model runs on CUDA: 'kernel' (mamba_ssm's Triton SSD
+    kernels, refused at start where they do not import), 'torch' (the engine's chunked
+    scan, compiled with the block) or 'auto' (the kernel where it imports). predict
+    charges the scan the plan names, and 'auto' as the kernel."""
     adam_moments: str = "fp32"
     """dtype of AdamW's two moments: 'fp32', or 'bf16' where the recipe keeps them so
     (Megatron's precision-aware optimizer); the master weights stay fp32 either way."""

@@ -336,6 +336,9 @@ def overlap_problems(plan: Plan) -> list[str]:
             # strategy, so the ring dispatch never reaches a CPU kernel.
             p.append("--set cp_impl=ring needs CUDA attention kernels (PyTorch's ring "
                      "attention has no CPU path); use --set cp_impl=allgather on a CPU")
+    if plan.ssd_scan == "kernel" and plan.device == "cpu":
+        p.append("--set ssd_scan=kernel needs CUDA (mamba_ssm's Triton kernels); a CPU runs "
+                 "the torch scan: drop it")
     if plan.reduce_dtype not in CHOICE_KEYS["reduce_dtype"]:
         p.append(f"reduce_dtype {plan.reduce_dtype!r} is not one of fp32, bf16")
     if plan.dp_sharding not in CHOICE_KEYS["dp_sharding"]:

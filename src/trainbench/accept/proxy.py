@@ -8,6 +8,7 @@ fit the GPU falls back to the family's tiny size, and the row says why.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 
 from ..overrides import parse_overrides
@@ -21,8 +22,13 @@ from .rows import SINGLE_RANK, Row
 
 def plan_of(row: Row, gpu_key: str) -> Plan:
     """The plan `trainbench run` makes of the row here; PlanError when it makes none."""
-    return build_plan(row.workload, row.size, row.dtype, 1, gpu_key,
+    plan = build_plan(row.workload, row.size, row.dtype, 1, gpu_key,
                       overrides=parse_overrides([row.settings] if row.settings else []))
+    if plan.ssd_scan == "auto" and importlib.util.find_spec("mamba_ssm") is None:
+        # The run's auto finds no mamba_ssm on this machine and runs the torch scan:
+        # predict's figure beside it should charge that scan.
+        plan = replace(plan, ssd_scan="torch")
+    return plan
 
 
 def resolve(row: Row, gpu_key: str) -> tuple[Row, Plan | None, str | None]:

@@ -97,6 +97,8 @@ def run_info(trainer) -> dict:
         "profiled": bool(plan.features.profile),
         "nccl_traced": bool(plan.features.nccl_trace),
     }
+    if trainer.ssd_scan is not None:  # the Mamba-2 scan a hybrid model ran
+        info["ssd_scan"] = trainer.ssd_scan
     if trainer.fp8_info is not None:  # the recipe that ran, the layers kept in bf16
         info["fp8"] = trainer.fp8_info
     info.update(overlap_info(plan, trainer.model_parts, trainer.dims))

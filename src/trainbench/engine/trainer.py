@@ -29,6 +29,7 @@ from .loss import cross_entropy
 from .loss import describe as describe_loss
 from .materialize import materialize
 from .models import build_model
+from .models.mamba2 import choose_scan
 from .models.moe import moe_layers, update_expert_biases
 from .optim import build_optimizer, lr_at
 from .parallel import clip_grad_norm_, float8, parallelize, single_rank_without_fsdp
@@ -94,6 +95,7 @@ class Trainer:
         """
         with torch.device("meta"):
             model = build_model(self.plan.model)
+        self.ssd_scan = choose_scan(model, self.plan.ssd_scan, self.device.type)
         if self.dims.pp_enabled:
             stages = split_into_stages(model, self.plan, self.dims.coordinate("pp"))
         else:

@@ -45,13 +45,17 @@ class Constants:
     kernel: its matmuls at the GEMM fall-off of their smallest side (the head dim: 64 gives
     0.70 x 64 / 154 = 0.29 of peak) and its kernels' HBM traffic (work.ssd_scan_bytes,
     counted from mamba_ssm's Triton kernels: 311 KB per token at a TP8 rank of Nemotron-H
-    56B) at the memory-bound rate. Until 2026-11-27 this was 0.09, in effect fitted to
-    Nemotron-H's H100 cells (the only seed workload with the scan), because the traffic
-    then counted (the chunk states alone) left a threefold gap the FLOPs could not explain;
-    counted kernel by kernel, the derivation lands within 2% of the fitted scan's time per
-    token (0.241 against 0.245 us at that rank on H100). A `trainbench probe` profile
+    56B) at the memory-bound rate: 0.241 us per token at that rank on H100, within 2% of
+    what Nemotron-H's H100 cells imply (0.245). A `trainbench probe` profile
     (predict --hardware) sets it from the scan the probe timed, which then replaces both
     the matmul and the traffic terms."""
+    torch_scan_compiled: float = 1.45
+    """The engine's torch scan (conv, chunked SSD scan, gated norm), compiled with its
+    block, against the kernels' derived time above: 0.349 against 0.241 us per token for
+    a TP8 rank's heads of Nemotron-H 56B, timed on one H200 (8,192 tokens, torch 2.11;
+    issue 38's measurement). Charged where a plan runs the torch scan (ssd_scan=torch)."""
+    torch_scan_eager: float = 4.0
+    """The same scan eager (`--set compile=false`): 0.967 against 0.241 us per token."""
     hbm_eff: float = 0.45
     """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, casts) reach."""
     layer_overhead_us: float = 30.0

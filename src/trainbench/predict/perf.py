@@ -87,6 +87,15 @@ class LayerTime:
                 + self.recompute)
 
 
+def torch_scan_factor(plan: Plan, c: Constants) -> float:
+    """How much longer the Mamba-2 scan takes than mamba_ssm's kernels as predict derives
+    them: 1 where the plan runs the kernels (ssd_scan kernel or auto, as NVIDIA's recipes
+    do), the measured torch scan's ratio where it runs that (compiled or eager)."""
+    if plan.ssd_scan != "torch":
+        return 1.0
+    return c.torch_scan_compiled if plan.compile else c.torch_scan_eager
+
+
 def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     c, dev, plan = ctx.constants, ctx.device, ctx.plan
     bf16 = dev.peak("bf16") * 1e12
@@ -108,14 +117,19 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     # from the operation's arithmetic; a measured (probe) or calibrated whole-scan rate,
     # scan_eff > 0, replaces both.
     hbm = lw.hbm_bytes + layer_cast_bytes(lw.linears, ctx)
+    rate = dev.hbm_tbs * 1e12 * c.hbm_eff
+    slower = torch_scan_factor(plan, c) if ctx.requested_sharding == ENGINE else 1.0
     if not lw.scan_flops:
         scan = 0.0
     elif c.scan_eff > 0:
-        scan = lw.scan_flops / (bf16 * c.scan_eff)
+        scan = lw.scan_flops / (bf16 * c.scan_eff) * slower
     else:
         scan = lw.scan_flops / (bf16 * c.gemm_eff_bf16 * gemm_falloff(c, lw.scan_dim))
-        hbm += lw.scan_hbm_bytes
-    memory_bound = hbm / (dev.hbm_tbs * 1e12 * c.hbm_eff)
+        if slower == 1.0:
+            hbm += lw.scan_hbm_bytes
+        else:  # the torch scan's measured time stands for its matmuls and traffic alike
+            scan = (scan + lw.scan_hbm_bytes / rate) * slower
+    memory_bound = hbm / rate
     overhead = c.layer_overhead_us * 1e-6
     # Per sequence-parallel region: an all-gather and a reduce-scatter forward, and again
     # backward (four of each per transformer layer, Korthikanti et al. 2022). FP8 recipes

@@ -457,3 +457,23 @@ def shard_indices(
         "heads": block(n_heads),
         "inner": block(d_inner),
     }
+
+
+def choose_scan(model: nn.Module, choice: str, device_type: str) -> str | None:
+    """Set which scan the model's Mamba-2 mixers run ('kernel', 'torch' or 'auto', the
+    plan's ssd_scan) and say which runs, for run.json; None for a model without them.
+    RuntimeError where the kernel is asked for on CUDA and mamba_ssm does not import."""
+    mixers = [m for m in model.modules() if isinstance(m, Mamba2Mixer)]
+    if not mixers:
+        return None
+    available = device_type == "cuda" and mamba_chunk_scan_combined is not None
+    if choice == "kernel" and not available:
+        raise RuntimeError("ssd_scan=kernel: mamba_ssm's Triton SSD kernels do not import "
+                           "here; bring mamba_ssm (docs/gpu-acceptance.md) or --set ssd_scan=torch")
+    use_kernel = choice != "torch"
+    for mixer in mixers:
+        mixer.use_kernel = use_kernel
+    if use_kernel and available:
+        return "mamba_ssm Triton SSD kernels"
+    return "torch chunked scan" + ("" if choice == "torch" or device_type != "cuda"
+                                   else " (mamba_ssm does not import here)")
