@@ -13,9 +13,10 @@ While tracing, each MoE layer's `compute_experts` runs inside `balanced_routing`
 states the layer's row count N (its tokens times top_k, known from shapes), and the fake
 mode below answers those reads as if the routing were balanced: a per-rank or per-expert
 count vector of n entries holds N / n each (the remainder on the first entries), and the
-inbound ids number N, as many rows as the rank sent. That is the balanced load the
-engine's FP8 padding bound and predict's engine memory model also assume; an unbalanced
-step moves rows between ranks and holds more on the busier ones. Everything else in the
+inbound ids number N, as many rows as the rank sent. That is the load predict's engine
+memory model assumes (predict/work.py `_moe_work`); the FP8 padding's static bound
+(moe.py `pad_token_groups`) holds whatever the routing. An unbalanced step moves rows
+between ranks and holds more on the busier ones. Everything else in the
 layer (the router, the sort, the all-to-alls, the expert GEMMs, the combine) runs the
 engine's own code on tensors of those shapes. A read outside an MoE layer's experts, or of
 anything but such a count, still raises.
@@ -28,39 +29,51 @@ import contextvars
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 _aten = torch.ops.aten
 _layer_rows: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "check_moe_layer_rows", default=None)
 
 
-def balanced_share(element: torch.Tensor, rows: int) -> int | None:
-    """The value a balanced routing gives `element`, one entry of a 1-D integer count
-    vector over ranks or experts (a `tolist()` reads a vector entry by entry), or None
-    if `element` is not such an entry."""
-    base = element._base
-    if (element.dim() != 0 or element.dtype.is_floating_point or element.dtype == torch.bool
-            or base is None or base.dim() != 1 or base.numel() == 0):
-        return None
-    n = base.numel()
-    index = (element.storage_offset() - base.storage_offset()) // max(base.stride(0), 1)
-    return rows // n + (1 if index < rows % n else 0)
+def balanced_shares(rows: int, n: int) -> list[int]:
+    """`rows` split as evenly as possible over `n` ranks or experts, the remainder on the
+    first."""
+    return [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+
+
+def _is_count_vector(t: torch.Tensor) -> bool:
+    return t.dim() == 1 and t.numel() > 0 and not (t.dtype.is_floating_point
+                                                     or t.dtype.is_complex
+                                                     or t.dtype == torch.bool)
 
 
 class BalancedRoutingFakeMode(FakeTensorMode):
     """FakeTensorMode that answers an MoE layer's routing reads by the balanced case
-    (module docstring); every other op is FakeTensorMode's own."""
+    (module docstring); every other op is FakeTensorMode's own.
+
+    A host read of a vector goes entry by entry (`tolist` unbinds it, then reads each
+    0-d entry): an integer vector unbound inside a layer's experts has its entries'
+    balanced values noted here, and their reads get them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._shares = WeakIdKeyDictionary()
 
     def dispatch(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         rows = _layer_rows.get()
         if rows is not None:
-            if func is _aten._local_scalar_dense.default:
-                share = balanced_share(args[0], rows)
-                if share is not None:
-                    return share
-            elif func is _aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+            if func is _aten._local_scalar_dense.default and args[0] in self._shares:
+                return self._shares[args[0]]
+            if func is _aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
                 kwargs = {**kwargs, "output_size": rows}
+            if func is _aten.unbind.int and _is_count_vector(args[0]) and \
+                    (args[1] if len(args) > 1 else kwargs.get("dim", 0)) == 0:
+                entries = super().dispatch(func, types, args, kwargs)
+                for entry, share in zip(entries, balanced_shares(rows, len(entries))):
+                    self._shares[entry] = share
+                return entries
         return super().dispatch(func, types, args, kwargs)
 
 
