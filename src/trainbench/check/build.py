@@ -422,6 +422,24 @@ def _cp_memory_standin():
         cp.MEMORY_TRACE_STANDIN = False
 
 
+def _trace_standins(trainer, plan: Plan, pipeline: bool) -> contextlib.ExitStack:
+    """The fake mode a rank's step is traced under, with the stand-ins above: CP's mask,
+    the pipeline's neighbours, DTensor's own propagation mode, the MoE layers' balanced
+    routing (check/routing.py) and torchao's FP8 grouped GEMM kernels
+    (check/grouped_fp8.py)."""
+    from .grouped_fp8 import fake_fp8_grouped_kernels
+    from .routing import BalancedRoutingFakeMode, balanced_routing
+    with contextlib.ExitStack() as stack:  # undoes what was entered if one fails
+        stack.enter_context(BalancedRoutingFakeMode(allow_non_fake_inputs=True))
+        stack.enter_context(_cp_memory_standin())
+        if pipeline:
+            stack.enter_context(_pipeline_neighbours_standin(trainer, plan))
+        stack.enter_context(_dtensor_propagation_untracked())
+        stack.enter_context(balanced_routing(trainer.model_parts))
+        stack.enter_context(fake_fp8_grouped_kernels())
+        return stack.pop_all()
+
+
 def trace_problem(plan: Plan) -> str | None:
     if plan.layout.pp > 1 and not _pipeline_protocol():
         return PP_UNTRACEABLE
@@ -499,8 +517,6 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
 
     from ..engine.optim import build_optimizer
     from ..layout import rank_stages
-    from .grouped_fp8 import fake_fp8_grouped_kernels
-    from .routing import BalancedRoutingFakeMode, balanced_routing
     problem = trace_problem(plan)
     if problem:
         return {"rank": rank, "error": problem}
@@ -519,11 +535,7 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
         pipeline = trainer.pipeline is not None
         batches = _trace_batches(trainer, microbatches, pipeline)
         trainer.positions()
-        neighbours = (_pipeline_neighbours_standin(trainer, plan) if pipeline
-                      else contextlib.nullcontext())
-        with BalancedRoutingFakeMode(allow_non_fake_inputs=True), _cp_memory_standin(), \
-                neighbours, _dtensor_propagation_untracked(), \
-                balanced_routing(trainer.model_parts), fake_fp8_grouped_kernels():
+        with _trace_standins(trainer, plan, pipeline):
             for part in trainer.model_parts:
                 part.to_empty(device="cpu")
             buffers = _initialize_pipeline(trainer, *batches[0]) if pipeline else []
