@@ -68,3 +68,19 @@ def test_a_bf16_moe_plan_traces_through_the_expert_loop():
     moe_layers = spec.layers - spec.first_dense_layers
     expert_rows = plan.mbs * plan.seq_len * spec.top_k * spec.hidden * 2
     assert traced["categories"]["Activation"] > moe_layers * expert_rows
+
+
+def test_bf16_adam_moments_are_counted_as_the_engine_keeps_them():
+    """DeepSeek-V3's H100 row keeps AdamW's moments in bf16 (plan.adam_moments,
+    engine/optim.py AdamWBf16Moments): the build counts 2 x 2 bytes a parameter it holds,
+    half of the fp32 master weights' bytes, and its model state (with the gathered
+    weights and whole gradients a pipeline stage keeps) is predict's."""
+    from trainbench.check.build import check_rank
+    from trainbench.check.cli import built_model_state, predicted_for_rank
+    plan = build_plan("pretrain_deepseek_v3", "671b", "fp8", 1024, "h100")
+    assert plan.adam_moments == "bf16"
+    built = check_rank(plan, 0)
+    assert built["error"] is None, built["error"]
+    assert built["optimizer_bytes"] == 4 * built["params_local"] == built["param_bytes"]
+    pred = predicted_for_rank(plan, 0, None)
+    assert built_model_state(built) == pytest.approx(pred["model_state"], rel=0.01)

@@ -91,11 +91,12 @@ def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.M
         "params_tp_replicated": tp_replicated,
         "params_unsharded": unsharded,
         # The parameters FSDP keeps are the fp32 master weights AdamW updates; gradients
-        # come back reduce-scattered into the same sharded fp32 layout; AdamW (foreach)
-        # keeps exp_avg and exp_avg_sq in the parameter's dtype.
+        # come back reduce-scattered into the same sharded fp32 layout; AdamW keeps
+        # exp_avg and exp_avg_sq in the parameter's dtype (foreach), or in bf16 where the
+        # plan says so (plan.adam_moments, engine/optim.py AdamWBf16Moments).
         "param_bytes": param_bytes,
         "grad_bytes": param_bytes,
-        "optimizer_bytes": 2 * param_bytes,
+        "optimizer_bytes": 2 * (local * 2 if plan.adam_moments == "bf16" else param_bytes),
         "gathered_bytes": 0 if single else gathered_bytes,
         "whole_in_step_bytes": 0,
     }
@@ -539,7 +540,7 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
             for part in trainer.model_parts:
                 part.to_empty(device="cpu")
             buffers = _initialize_pipeline(trainer, *batches[0]) if pipeline else []
-            optimizer = build_optimizer(trainer.model, plan.lr)
+            optimizer = build_optimizer(trainer.model, plan.lr, moments=plan.adam_moments)
             tracker = FSDPMemTracker(trainer.model_parts[0], optimizer)
             # torch's tracker takes one FSDP root; a rank's pipeline stages are several
             # (trainer.model holds them all), each an FSDP root of its own.
