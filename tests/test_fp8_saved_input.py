@@ -221,9 +221,9 @@ def test_real_width_llama_layer_keeps_its_fp8_inputs_as_predict_says(monkeypatch
     predict's engine model moves by the same bytes."""
     from test_activation_memory import _layer_activations, _predicted
 
-    from trainbench.engine.parallel import float8
+    from trainbench.engine.parallel import float8_input
     kept, plan = _layer_activations("pretrain_llama3.1", "8b", "fp8", 8, 1)
-    monkeypatch.setattr(float8, "keep_fp8_inputs", lambda model, plan: 0)
+    monkeypatch.setattr(float8_input, "enable", lambda model, plan: 0)
     stock, _ = _layer_activations("pretrain_llama3.1", "8b", "fp8", 8, 1)
     m = plan.model
     assert (plan.layout.cp, plan.layout.tp, plan.recompute) == (2, 1, "none")

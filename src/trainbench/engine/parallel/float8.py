@@ -32,7 +32,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from ...plan import Plan
 from ..models.moe import moe_layers
-from .float8_input import enable as keep_fp8_inputs, saved_input_summary
 
 FP8_DIM_MULTIPLE = 16
 """FP8 GEMMs (cuBLAS/CUTLASS _scaled_mm) need both weight dimensions to be multiples of 16."""
@@ -105,7 +104,10 @@ def convert(model: nn.Module, plan: Plan, backend: str) -> None:
         # axis, not as the forward did, so it keeps the bf16 input (float8_input.py), as
         # MXFP8's linears do (torchao's mxfp8_linear saves input_hp: its blocks of 32
         # run along the tokens for the weight gradient, along the features forward).
-        keep_fp8_inputs(model, plan)
+        # Imported here, as torchao is: float8_input subclasses torchao's Float8Linear
+        # when it loads, and a bf16 run must start without torchao.
+        from .float8_input import enable
+        enable(model, plan)
         wrap_experts(model, "fp8", backend)
     for module in chosen:
         module.lowp_linear = True
@@ -178,6 +180,7 @@ def wrap_experts(model: nn.Module, dtype: str, backend: str) -> None:
 def summary(model_parts: list[nn.Module], plan: Plan, backend: str) -> dict:
     """What ran, for run.json: the recipe, FP8 all-gather, the layers kept in bf16, and
     what the FP8 linears keep of their input for the backward (float8_input.py)."""
+    from .float8_input import saved_input_summary  # torchao's subclass: see convert
     converted, experts, kept = 0, [], []
     for part in model_parts:
         for name, module in part.named_modules():
