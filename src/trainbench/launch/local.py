@@ -150,8 +150,16 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc) -> bool:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        # A run that was signalled is on its way out (its records written, then its
+        # summary, the error line and exit 130): a later signal is ignored to the end,
+        # interpreter teardown included (which resets Python's own handlers to the
+        # default, so a held one would then end the launcher by the signal instead of
+        # with the recorded exit code).
+        if self.signum is None:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+        else:
+            self._install(signal.SIG_IGN)
         self._previous = {}
         return False
 
