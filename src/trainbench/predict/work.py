@@ -295,7 +295,12 @@ def _moe_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
     # The down projection's input: the engine's routed experts (torchao's rowwise grouped
     # GEMM) keep it in bf16, its shared expert's FP8 down projection as gb says.
     routed_gb = b if sh.engine else c.gb
-    kept = (((2.0 * b + routed_gb) * f + h * b) * rows
+    # The weighted combine keeps the routed rows' expert outputs, which the gate weights'
+    # gradient reads: the engine's (engine/models/moe_rows.py, counted by
+    # tests/test_moe_saved.py) and Megatron's (Transformer Engine's moe_unpermute with
+    # merging probs saves its input: pytorch/permutation.py, _moe_unpermute_mask_map).
+    gated = h * b
+    kept = (((2.0 * b + routed_gb) * f + h * b + gated) * rows
             + ((2.0 * b + c.gb) * f + h * b) * shared_rows + E * mine * 4)
     # The norm's input and output stay on the rank's tokens: nothing gathers them. The
     # engine's bf16 router keeps the norm output in bf16 whatever its FP8 linears keep.

@@ -28,6 +28,8 @@ from torch import nn
 
 from trainbench.catalog.models import ModelSpec
 
+from .moe_rows import scatter_rows, swiglu, weighted_combine
+
 INIT_STD = 0.02
 
 
@@ -228,7 +230,7 @@ def _grouped_swiglu(x: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: t
     The weights are passed transposed, [E, in, out] column-major, as the FP8 forms want."""
     def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
-    return mm(F.silu(mm(x, w1)) * mm(x, w3), w2)
+    return mm(swiglu(mm(x, w1), mm(x, w3)), w2)
 
 
 def _loop_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
@@ -274,7 +276,7 @@ def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: 
         if alignment is None:
             return _grouped_swiglu(x, torch.cumsum(counts, 0, dtype=torch.int32), w1, w3, w2)
         dest, offs, rows = pad_token_groups(counts, alignment, x.shape[0])
-        padded = x.new_zeros(rows, x.shape[1]).index_copy(0, dest, x)
+        padded = scatter_rows(x, dest, rows)
         return _grouped_swiglu(padded, offs, w1, w3, w2).index_select(0, dest)
 
 
@@ -388,8 +390,7 @@ class MoE(nn.Module):
         rows = tokens.to(compute_dtype(tokens))[token_of]
         expert_out = self.compute_experts(rows, counts)
         gate = weights.flatten()[order].unsqueeze(-1).to(expert_out.dtype)
-        out = torch.zeros_like(tokens, dtype=expert_out.dtype).index_add_(
-            0, token_of, expert_out * gate)
+        out = weighted_combine(expert_out, gate, token_of, tokens.shape[0])
         if self.shared is not None:
             out = out + self.shared(tokens)
         out = out.to(x.dtype).view(b, s, h)
