@@ -19,10 +19,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed.pipelining import _utils, schedules, stage as pipeline_stage
+from torch.distributed.pipelining.stage import InferenceMode
+from torch.distributed.tensor import DTensor, _redistribute, _sharding_prop
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from ..layout import rank_coordinates
+from ..engine.optim import build_optimizer
+from ..engine.parallel import cp
+from ..engine.parallel.fsdp import fp32_units
+from ..engine.parallel.mesh import ParallelDims
+from ..engine.trainer import Trainer
+from ..layout import rank_coordinates, rank_stages
 from ..plan import Plan
-from ..predict.memory import GATHERED_VIRTUAL_STAGES
+from ..predict.memory import GATHERED_VIRTUAL_STAGES, stage_message_shape
+from .grouped_fp8 import fake_fp8_grouped_kernels
+from .routing import BalancedRoutingFakeMode, balanced_routing
 
 _COMPUTE_BYTES = {"bf16": 2, "fp8": 2, "mxfp8": 2, "fp32": 4}
 
@@ -60,7 +73,6 @@ def _stage_info(index: int, part: nn.Module) -> dict:
 
 def count_rank(plan: Plan, rank: int, stage_indices: list[int], parts: list[nn.Module]) -> dict:
     """What a built rank holds: parameter counts and the bytes of its model state."""
-    from ..engine.parallel.fsdp import fp32_units
     tp_coordinate = rank_coordinates(rank, plan)["tp"]
     compute = _COMPUTE_BYTES[plan.dtype]
     local = tp_local = tp_replicated = unsharded = 0
@@ -129,8 +141,6 @@ def _forget_dtensor_caches() -> None:
     rank's made, a cache hit handed back the old mesh and its collectives asked for a
     process group that no longer exists (`Could not resolve the process group registered
     under the name 81`, tracing the last rank of a TP x PP row after its rank 0)."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor import _redistribute
     propagator = DTensor._op_dispatcher.sharding_propagator
     for cache in (getattr(propagator, "propagate_op_sharding", None),
                   getattr(_redistribute, "_gen_transform_infos", None)):
@@ -146,11 +156,8 @@ def _forget_dtensor_caches() -> None:
 def build_rank(plan: Plan, rank: int):
     """Initialise a fake process group as `rank` and build its model with the engine's
     Trainer, left on the meta device. Returns the Trainer; the caller destroys the group."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
     _forget_dtensor_caches()
 
-    from ..engine.parallel.mesh import ParallelDims
-    from ..engine.trainer import Trainer
     dist.init_process_group("fake", rank=rank, world_size=plan.gpus, store=FakeStore())
     trainer = Trainer(plan, Path("."))  # writes nothing: only set-up code runs
     trainer.rank, trainer.world_size = rank, plan.gpus
@@ -166,7 +173,6 @@ def build_rank(plan: Plan, rank: int):
 
 def check_rank(plan: Plan, rank: int) -> dict:
     """Build `rank` and count what it holds; an error is reported, not raised."""
-    from ..layout import rank_stages
     start = time.perf_counter()
     try:
         trainer = build_rank(plan, rank)
@@ -201,10 +207,9 @@ PP_UNTRACEABLE = ("pipeline parallelism is traced only with torch >= 2.13's pipe
 
 
 def _pipeline_protocol() -> bool:
-    from torch.distributed.pipelining import schedules, stage
     return (hasattr(schedules._PipelineSchedule, "_warmup_p2p")
-            and hasattr(stage.PipelineStage, "_recv_meta")
-            and hasattr(stage, "_StageForwardMeta"))
+            and hasattr(pipeline_stage.PipelineStage, "_recv_meta")
+            and hasattr(pipeline_stage, "_StageForwardMeta"))
 
 
 def _stages(schedule) -> list:
@@ -271,7 +276,6 @@ def _counted_apart(tracker, buffers: list) -> None:
     before the peak was counted a second time inside it: on Llama 3.1 8B cut to 8 layers
     over PP2 VP4 the step ended with all 56 of rank 0's buffers (3.5 GiB) in the tracker's
     activations and temporaries, one more 64 MiB buffer per stage forward and backward."""
-    from torch.distributed._tools.common_utils import get_untyped_storages
     apart = {st._cdata for buffer in buffers for st in get_untyped_storages(buffer)}
 
     def is_buffer(t: torch.Tensor) -> bool:
@@ -302,7 +306,6 @@ def _received_inputs_released(schedule, tracker) -> None:
     weak references to the 56 buffers of that rank's 16 microbatches are all dead as
     each `_let_go` returns. So its storage leaves the tracker's count there, as the
     tracker's own weak-reference callback would take it out."""
-    from torch.distributed._tools.common_utils import get_untyped_storages
     for stage in _stages(schedule):
         let_go = getattr(stage, "_let_go", None)
         if let_go is None:  # torch's own stage: its buffers stay all step, counted apart
@@ -335,10 +338,6 @@ def _pipeline_neighbours_standin(trainer, plan: Plan):
     compute dtype, and the gradient of the same. Checked after the step against what this rank's own stages
     send. Activations, the schedule's receive buffers and its P2P transfers are the
     real ones."""
-    from torch.distributed.pipelining import _utils
-    from torch.distributed.pipelining.stage import InferenceMode
-
-    from ..predict.memory import stage_message_shape
     schedule = trainer.pipeline
     stages = _stages(schedule)
     shape = stage_message_shape(plan)
@@ -399,7 +398,6 @@ def _dtensor_propagation_untracked():
     of Nemotron-4 340B's TP8 seed row, the first microbatch's embedding gradient cast to
     fp32 appeared as a [256000, 18432] bf16 input and fp32 output, 26.4 GiB a rank never
     holds (it holds [32000, 18432]). Here the propagation gets a new mode, as on a GPU."""
-    from torch.distributed.tensor import _sharding_prop
     detect = getattr(_sharding_prop, "detect_fake_mode", None)
     if detect is None:  # a torch whose propagation no longer looks for the active mode
         yield
@@ -415,7 +413,6 @@ def _dtensor_propagation_untracked():
 def _cp_memory_standin():
     """CP attention with a stand-in mask of the same memory while tracing (cp.py,
     MEMORY_TRACE_STANDIN: the lower-right causal bias cannot wrap a FakeTensor)."""
-    from ..engine.parallel import cp
     cp.MEMORY_TRACE_STANDIN = True
     try:
         yield
@@ -428,8 +425,6 @@ def _trace_standins(trainer, plan: Plan, pipeline: bool) -> contextlib.ExitStack
     the pipeline's neighbours, DTensor's own propagation mode, the MoE layers' balanced
     routing (check/routing.py) and torchao's FP8 grouped GEMM kernels
     (check/grouped_fp8.py)."""
-    from .grouped_fp8 import fake_fp8_grouped_kernels
-    from .routing import BalancedRoutingFakeMode, balanced_routing
     with contextlib.ExitStack() as stack:  # undoes what was entered if one fails
         stack.enter_context(BalancedRoutingFakeMode(allow_non_fake_inputs=True))
         stack.enter_context(_cp_memory_standin())
@@ -514,10 +509,6 @@ def trace_rank(plan: Plan, rank: int, microbatches: int = 2,
     build counted (2 x the fp32 master bytes, alive across steps) are added to the traced
     forward/backward peak instead.
     """
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    from ..engine.optim import build_optimizer
-    from ..layout import rank_stages
     problem = trace_problem(plan)
     if problem:
         return {"rank": rank, "error": problem}

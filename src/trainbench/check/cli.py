@@ -5,13 +5,24 @@ Importing this module imports no torch: the command body imports check.build.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from typing import List, Optional
 
 import typer
+from rich.table import Table
 
+from ..config import load_config
 from ..console import console, fail
+from ..default_dtype import default_dtype_for
+from ..files import brief
+from ..overrides import parse_overrides
+from ..plan import PlanError
+from ..planning import build_plan
+from ..predict.context import ENGINE, make_context
+from ..predict.memory import rank_memory
+from .tracing import default_jobs, reused_trace, stage_representatives, trace_ranks
 
 FORMATS = ("table", "json")
 GIB = 1024 ** 3
@@ -34,7 +45,6 @@ def parse_ranks(text: str, world: int) -> list[int]:
     Every number is checked against the plan's world size, and overlapping spans are
     merged, before any range is expanded: the list built never holds more than `world`
     ranks, whatever the text asks for (`0-999999999` is refused, not built)."""
-    from ..files import brief
     if text.strip().lower() == "all":
         return list(range(world))
     spans = []
@@ -67,8 +77,6 @@ def parse_ranks(text: str, world: int) -> list[int]:
 def predicted_for_rank(plan, pp_rank: int, config: dict | None = None) -> dict | None:
     """predict's memory model (trainbench's engine sharding) for one pipeline rank, of the
     eager step check traces (a compiled block saves what its partitioner chooses)."""
-    from ..predict.context import ENGINE, make_context
-    from ..predict.memory import rank_memory
     eager = replace(plan, compile=False)
     try:
         m = rank_memory(make_context(eager, sharding=ENGINE, config=config, need_device=False),
@@ -107,7 +115,6 @@ def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None
     `trace`, also trace one rank of each pipeline stage under FakeTensorMode (`jobs` at
     a time) and give the stage's other ranks its trace (check.tracing)."""
     from .build import check_ranks
-    from .tracing import reused_trace, stage_representatives, trace_ranks
     results = check_ranks(plan, ranks, progress=progress)
     for info in results:
         if info.get("error"):
@@ -148,8 +155,6 @@ def _layers_text(stages: list[dict]) -> str:
 
 
 def print_table(data: dict) -> None:
-    from rich.table import Table
-
     table = Table(title=f"{data['workload']} {data['size']} {data['dtype']} on {data['gpus']} "
                         f"x {data['gpu_type']}: {data['layout']} (built on meta, fake process "
                         "group; GiB per rank)")
@@ -246,13 +251,6 @@ def check(
 ):
     """Build chosen ranks of a plan at its real size under a fake process group (no
     GPU, nothing allocated) and report what each holds, beside predict's figure."""
-    import json
-
-    from ..config import load_config
-    from ..overrides import parse_overrides
-    from ..plan import PlanError
-    from ..planning import build_plan
-
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use table or json")
     if scale < 1:
@@ -267,7 +265,6 @@ def check(
     except ValueError as err:
         fail(str(err))
     if dtype is None:
-        from ..default_dtype import default_dtype_for
         dtype, _ = default_dtype_for(workload, size, gpu)
     try:
         overrides = parse_overrides(sets or [])
@@ -287,7 +284,6 @@ def check(
                      if info.get("error") else what)
             typer.echo(f"rank {info['rank']}: {state} ({info['build_s']:.1f} s)", err=True)
 
-    from .tracing import default_jobs
     data = check_plan(plan, ranks, config=config, progress=progress, trace=trace,
                       jobs=jobs or default_jobs())
     if fmt == "json":

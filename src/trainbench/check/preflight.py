@@ -12,6 +12,9 @@ import json
 import subprocess
 import sys
 
+from ..plan import Plan
+from .build import check_ranks
+
 
 def preflight_ranks(plan) -> list[int]:
     """Rank 0 and the last rank: the first and the last pipeline stage (embedding, output
@@ -36,8 +39,6 @@ def preflight_problem(plan, timeout: float = 600.0) -> str | None:
 
 
 def _main() -> int:
-    from ..plan import Plan
-    from .build import check_ranks
     plan = Plan.from_dict(json.loads(sys.stdin.read()))
     problem = None
     for info in check_ranks(plan, preflight_ranks(plan)):

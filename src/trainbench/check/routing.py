@@ -31,6 +31,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..engine.models.moe import moe_layers
+
 _aten = torch.ops.aten
 _layer_rows: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "check_moe_layer_rows", default=None)
@@ -92,7 +94,6 @@ def balanced_routing(parts):
     """Each MoE layer of `parts` computes its experts with its row count stated for
     BalancedRoutingFakeMode; the layers' own `compute_experts` (the model's, or expert
     parallelism's) are put back after."""
-    from ..engine.models.moe import moe_layers
     layers = [moe for part in parts for moe in moe_layers(part)]
     saved = [(moe, moe.__dict__.get("compute_experts")) for moe in layers]
     for moe in layers:

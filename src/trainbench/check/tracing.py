@@ -12,6 +12,7 @@ width over TP4 PP2 DP3: ranks 0 and 11 trace the same forward/backward peak and 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -56,7 +57,6 @@ def trace_ranks(plan, ranks: list[int], jobs: int, progress=None) -> dict[int, d
         for rank in ranks:
             done(rank, trace_rank(plan, rank))
         return out
-    import multiprocessing
     with ProcessPoolExecutor(max_workers=min(jobs, len(ranks)),
                              mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:

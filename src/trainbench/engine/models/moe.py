@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainbench.catalog.models import ModelSpec
+from trainbench.engine.models.transformer import MLP
 
 from .moe_rows import scatter_rows, swiglu, weighted_combine
 
@@ -289,7 +290,6 @@ class MoE(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        from trainbench.engine.models.transformer import MLP
         h, f, E = spec.hidden, spec.moe_ffn, spec.n_routed_experts
         if spec.top_k < 1 or spec.top_k > E:
             raise ValueError(f"{spec.name}: top_k {spec.top_k} must be between 1 and the "

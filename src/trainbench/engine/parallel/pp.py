@@ -16,15 +16,21 @@ gradient accumulation without a pipeline.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 from typing import Callable
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+from torch.distributed.pipelining._utils import _make_tensor_from_meta
+from torch.distributed.pipelining.schedules import _batch_p2p
 
 from ...layout import rank_stages, stage_layers
 from ...plan import Plan, pipeline_layers
+from ..models.moe import moe_layers
 
 
 def split_into_stages(model: nn.Module, plan: Plan, pp_rank: int) -> list[tuple[int, nn.Module]]:
@@ -67,10 +73,6 @@ def _keeping_moe_state(infer):
     one process by 1.3e-5. Older releases infer on the meta device under no_grad
     (`_shape_inference`), which counts nothing.
     """
-    import functools
-
-    from ..models.moe import moe_layers
-
     @functools.wraps(infer)
     def keeping(self, *args, **kwargs):
         saved = [(m, m.expert_bias.clone(), m.expert_load.clone())
@@ -91,8 +93,6 @@ def _stage_class(interleaved: bool = False):
     releases), its receive buffers allocated per microbatch (_ReceivingWhenNeeded) and,
     under the interleaved schedule's runtime, its sends waited for a few sends later
     (_SendsWaitedFor)."""
-    from torch.distributed.pipelining import PipelineStage
-
     overrides = {name: _keeping_moe_state(getattr(PipelineStage, name))
                  for name in ("_forward_metadata_inference", "_shape_inference")
                  if hasattr(PipelineStage, name)}
@@ -139,7 +139,6 @@ class _SendsWaitedFor:
     def _post(self, ops: list, kind: str) -> list:
         if not ops:
             return ops
-        from torch.distributed.pipelining.schedules import _batch_p2p
         if not hasattr(self, "_sends"):
             self._sends = {"forward": [], "backward": []}
         works = self._sends[kind]
@@ -153,7 +152,6 @@ class _SendsWaitedFor:
 def receives_when_needed() -> bool:
     """Whether this torch's PipelineStage has the receive protocol _ReceivingWhenNeeded
     overrides (torch 2.13's `_setup_forward_recv_info` and `_setup_backward_recv_info`)."""
-    from torch.distributed.pipelining import PipelineStage
     return all(hasattr(PipelineStage, name) for name in (
         "_setup_forward_recv_info", "_setup_backward_recv_info", "get_fwd_recv_ops",
         "get_bwd_recv_ops", "backward_one_chunk"))
@@ -202,7 +200,6 @@ class _ReceivingWhenNeeded:
         return out
 
     def _on_meta(self):
-        import contextlib
 
         @contextlib.contextmanager
         def meta_device():
@@ -215,7 +212,6 @@ class _ReceivingWhenNeeded:
         return meta_device()
 
     def _allocate(self, infos) -> None:
-        from torch.distributed.pipelining._utils import _make_tensor_from_meta
         for info in infos:
             if not info.is_root_arg and info.tensor_meta is not None:
                 info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
@@ -231,8 +227,6 @@ class _ReceivingWhenNeeded:
 def build_schedule(stage_modules: list[tuple[int, nn.Module]], plan: Plan, pp_mesh: DeviceMesh,
                    device: torch.device, loss_fn: Callable):
     """The pipeline schedule that runs this rank's stages: 1F1B, or interleaved 1F1B."""
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleInterleaved1F1B
-
     lay = plan.layout
     num_stages = lay.pp * lay.vp
     group = pp_mesh.get_group()
