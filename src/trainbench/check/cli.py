@@ -114,7 +114,7 @@ def check_plan(plan, ranks: list[int], config: dict | None = None, progress=None
     """Build each rank and put predict's figure for its pipeline rank beside it; with
     `trace`, also trace one rank of each pipeline stage under FakeTensorMode (`jobs` at
     a time) and give the stage's other ranks its trace (check.tracing)."""
-    from .build import check_ranks
+    from .build import check_ranks  # torch: loaded by the command, not by `--help`
     results = check_ranks(plan, ranks, progress=progress)
     for info in results:
         if info.get("error"):

@@ -29,6 +29,8 @@ def stage_representatives(infos: list[dict]) -> dict[int, int]:
 
 
 def _trace_in_worker(plan, rank: int) -> dict:
+    # torch and check.build load in the workers and the command, not with this module,
+    # which `trainbench --help` imports through check.cli.
     import torch
     torch.set_num_threads(1)  # fake tensors compute nothing; the workers share the cores
     from .build import trace_rank

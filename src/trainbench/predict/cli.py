@@ -25,7 +25,8 @@ from ..planning import build_plan
 from .calibrate import CalibrationError, find_runs, fit, store
 from .constants import calibrated_values
 from .context import ENGINE, SHARDINGS, MegatronRun
-from .hardware_profile import HardwareProfileError, predict_with_profile, read_facts
+from .hardware_profile import (HardwareProfileError, device_and_constants, predict_with_profile,
+                               read_facts)
 from .memory import verdict
 from .report import calibration_dict, part_label, prediction_dict, search_dict
 from .search import search
@@ -274,7 +275,6 @@ def _search(workload, size, dtype, scale, gpu, overrides, config, sharding, top,
         get_model(workload, size)
         device = constants = None
         if facts is not None:
-            from .hardware_profile import device_and_constants
             device, constants = device_and_constants(gpu.lower(), None, facts, config)
         result = search(workload, size, dtype.lower(), scale, gpu.lower(), overrides=overrides,
                         config=config, sharding=sharding, headroom=headroom, device=device,
