@@ -148,8 +148,8 @@ def bench_trainbench(plan, steps: int, warmup: int, cuda: bool) -> dict:
                         sdpa_backend=info["sdpa_backend"], loss=metrics.loss,
                         optimizer=info["optimizer"]["implementation"],
                         fsdp_shards=info["parallel"]["fsdp_shards"],
-                        peak_tflops=trainer.peak_tflops,
-                        mfu_not_applicable=trainer.mfu_not_applicable)
+                        peak_tflops=trainer.peak["peak_tflops"],
+                        mfu_not_applicable=trainer.peak["mfu_not_applicable"])
         finally:
             trainer.close()
 
