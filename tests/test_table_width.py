@@ -54,3 +54,5 @@ def test_jobs_table_keeps_ids_and_states_whole_on_a_narrow_terminal(tmp_path, co
     keyed = {cells[2]: cells[4] for cells in rows if len(cells) >= 5 and cells[2]}
     assert keyed == {"1234567": "COMPLETED", "7654321": "CANCELLED"}, res.stdout
     assert max(len(line) for line in res.stdout.splitlines()) <= int(columns)
+    # Narrower than the whole row: the key columns, and where the rest is.
+    assert ("jobs show ID" in res.stdout) == (columns == "80")

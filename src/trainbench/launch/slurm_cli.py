@@ -392,21 +392,32 @@ def _results_word(job: dict) -> str:
     return f"{word}, {step:.3g} s/step" if isinstance(step, (int, float)) else word
 
 
-def _jobs_table(jobs: list[dict], root: Path):
-    table = Table(title=f"jobs in {root}")
+JOBS_WIDE_COLUMNS = 120
+"""Below this terminal width the jobs table keeps its key columns only."""
+
+
+def _jobs_table(jobs: list[dict], root: Path, width: int):
+    wide = width >= JOBS_WIDE_COLUMNS
+    table = Table(title=f"jobs in {root}", caption=None if wide else
+                  "a narrow terminal: `trainbench jobs show ID` has every field")
     # The directory's last part only (its timestamp tells repeats apart); the full path
     # is in `trainbench jobs show ID`. The keys a user (or a script) reads a row by never
-    # wrap: on a narrow terminal the long cells fold instead.
+    # wrap; on a terminal narrower than the whole row the table keeps those and the name.
     whole = {"id", "job id", "state", "exit"}
-    for col in ("id", "executor", "job id", "name", "state", "exit", "elapsed", "submitted",
-                "results", "directory"):
+    columns = (("id", "executor", "job id", "name", "state", "exit", "elapsed", "submitted",
+                "results", "directory") if wide
+               else ("id", "executor", "job id", "name", "state", "exit", "elapsed"))
+    for col in columns:
         table.add_column(col, overflow="fold", no_wrap=col in whole)
     for job in jobs:
-        table.add_row(str(job["id"]), job["executor"], job["job_id"] or "", job["name"],
-                      job["state"], "" if job["exit_code"] is None else str(job["exit_code"]),
-                      _elapsed(job["elapsed_s"]),
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(job["submitted"])),
-                      _results_word(job), Path(job["exp_dir"]).name)
+        cells = {"id": str(job["id"]), "executor": job["executor"],
+                 "job id": job["job_id"] or "", "name": job["name"], "state": job["state"],
+                 "exit": "" if job["exit_code"] is None else str(job["exit_code"]),
+                 "elapsed": _elapsed(job["elapsed_s"]),
+                 "submitted": time.strftime("%Y-%m-%d %H:%M",
+                                            time.localtime(job["submitted"])),
+                 "results": _results_word(job), "directory": Path(job["exp_dir"]).name}
+        table.add_row(*(cells[col] for col in columns))
     return table
 
 
@@ -418,7 +429,8 @@ def _list_jobs(root: Optional[Path]) -> None:
     with _history_errors():
         settle_local_jobs(db)
         jobs = db.list()
-    console().print(_jobs_table(jobs, where))
+    out = console()
+    out.print(_jobs_table(jobs, where, out.width))
 
 
 def jobs_default(ctx: typer.Context, root: Optional[Path] = ROOT_OPT):
@@ -497,7 +509,8 @@ def jobs_refresh(ctx: typer.Context,
         # The refreshed rows as refresh saw them: on a full disk they may not be saved.
         fresh = {j["id"]: j for j in refresh(db, ids or None)}
         jobs = [fresh.get(j["id"], j) for j in db.list() if not ids or j["id"] in ids]
-    console().print(_jobs_table(jobs, where))
+    out = console()
+    out.print(_jobs_table(jobs, where, out.width))
 
 
 def register(app: typer.Typer) -> None:
