@@ -78,3 +78,14 @@ def test_a_run_records_the_scan_it_ran(tmp_path):
     exp = train(tmp_path, "pretrain_nemotronh", 1, "--set", "ssd_scan=torch", steps=1,
                 dtype="bf16")
     assert json.loads((exp / "run.json").read_text())["ssd_scan"] == "torch chunked scan"
+
+
+def test_a_probed_scan_rate_is_charged_as_measured():
+    from trainbench.predict.constants import Constants
+    plan = build_plan("pretrain_nemotronh", "56b", "fp8", 32, "h100")
+    torch_plan = build_plan("pretrain_nemotronh", "56b", "fp8", 32, "h100",
+                            overrides=parse_overrides(["ssd_scan=torch"]))
+    probed = Constants(scan_eff=0.3)  # a probe timed the scan this run will use
+    times = [layer_time(ctx.work["mamba"], ctx) for ctx in
+             (make_context(p, sharding="engine", constants=probed) for p in (plan, torch_plan))]
+    assert times[0].scan == times[1].scan > 0

@@ -122,7 +122,8 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     if not lw.scan_flops:
         scan = 0.0
     elif c.scan_eff > 0:
-        scan = lw.scan_flops / (bf16 * c.scan_eff) * slower
+        # A probe's rate is that of the scan the engine ran there: no factor on top.
+        scan = lw.scan_flops / (bf16 * c.scan_eff)
     else:
         scan = lw.scan_flops / (bf16 * c.gemm_eff_bf16 * gemm_falloff(c, lw.scan_dim))
         if slower == 1.0:
