@@ -22,6 +22,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, log it, keep going whatever it
   "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   "$py" -c "import torchao; print('torchao', torchao.__version__)" || true
 } > "$out/env.log" 2>&1
+step import_all 120 "$py" bench/import_all.py
 step accept 1500 "$py" -m trainbench.cli accept --out "$out/accept"
 step gpu_mfu 300 "$py" bench/gpu_mfu.py --json "$out/gpu_mfu.json"
 step gpu_mfu_one_rank_fsdp_on 180 "$py" bench/gpu_mfu.py --dtypes bf16,fp8 --no-hf --one-rank-fsdp on

@@ -25,6 +25,8 @@ import subprocess
 from collections.abc import Mapping
 from importlib import metadata
 
+from . import version as package_version
+
 SCHEMA = 1
 ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVTE_", "OMP_")
 REDACTED = "<redacted>"
@@ -137,7 +139,7 @@ def _dist_version(name: str) -> str | None:
 
 def versions(missing: list[str]) -> dict:
     import torch  # the engine has it already; the CLI never calls this
-    out = {"trainbench": _dist_version("trainbench"), "python": platform.python_version(),
+    out = {"trainbench": package_version(), "python": platform.python_version(),
            "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": None,
            "nccl": None,
            # the installed distribution's version: importing torchao costs seconds

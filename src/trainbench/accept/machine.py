@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from importlib import metadata
 
+from .. import version as package_version
 from ..catalog import hardware
 from ..conditions import cpu_info
 from ..launch.request import gpu_names
@@ -77,4 +78,4 @@ def detect() -> Machine:
         device, key = cpu_info([])["model"] or "CPU", hardware.CPU
     return Machine(device=device, gpu_key=key, gpus=len(names), driver=_driver(),
                    torch=_version("torch"), torchao=_version("torchao"),
-                   python=platform.python_version(), trainbench=_version("trainbench"))
+                   python=platform.python_version(), trainbench=package_version())

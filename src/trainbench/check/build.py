@@ -22,7 +22,6 @@ from torch import nn
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed.pipelining import _utils, schedules, stage as pipeline_stage
-from torch.distributed.pipelining.stage import InferenceMode
 from torch.distributed.tensor import DTensor, _redistribute, _sharding_prop
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -349,7 +348,7 @@ def _pipeline_neighbours_standin(trainer, plan: Plan):
 
     def vote(voters, has_backward, p2p_done):
         for voter in voters:
-            voter._inference_mode = InferenceMode.DYNAMIC
+            voter._inference_mode = pipeline_stage.InferenceMode.DYNAMIC
 
     for stage in stages:
         index = stage.stage_index

@@ -30,10 +30,9 @@ import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .. import metrics
+from .. import metrics, version as package_version
 from ..errors import InputError
 from ..rundir import RUN_FILE
 from .repeats import (RepeatGroup, csv_columns, group_lines, group_results, key_id, plan_label,
@@ -53,10 +52,7 @@ class BaselineError(ValueError):
 
 
 def trainbench_version() -> str:
-    try:
-        return version("trainbench")
-    except PackageNotFoundError:
-        return "unknown"
+    return package_version() or "unknown"
 
 
 # --- building and saving ------------------------------------------------------------------------

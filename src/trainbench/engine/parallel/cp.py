@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.experimental._attention import _enable_context_parallel_dispatcher
 from torch.nn.attention.bias import causal_lower_right
 
 from .tp import regathered_in_backward
@@ -188,6 +187,10 @@ def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, impl: str = "a
     """
     group = cp_mesh.get_group()
     if impl == "ring":
+        # A private torch function: imported where it is used, so a torch release that
+        # moved it fails only a CP layout, not every import of this module.
+        from torch.distributed.tensor.experimental._attention import (
+            _enable_context_parallel_dispatcher)
         _enable_context_parallel_dispatcher()
     # A pipeline stage may hold no attention at all (only the embedding or the loss).
     for module in model.modules():

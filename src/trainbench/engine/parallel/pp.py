@@ -25,7 +25,6 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
-from torch.distributed.pipelining._utils import _make_tensor_from_meta
 from torch.distributed.pipelining.schedules import _batch_p2p
 
 from ...layout import rank_stages, stage_layers
@@ -214,7 +213,9 @@ class _ReceivingWhenNeeded:
     def _allocate(self, infos) -> None:
         for info in infos:
             if not info.is_root_arg and info.tensor_meta is not None:
-                info.buffer = _make_tensor_from_meta(info.tensor_meta, self.device)
+                meta = info.tensor_meta
+                info.buffer = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype,
+                                                  device=self.device)
 
     def _let_go(self, infos) -> None:
         """Replace each received buffer by an empty tensor: torch's bookkeeping between
