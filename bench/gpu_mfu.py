@@ -110,9 +110,9 @@ def force_one_rank_fsdp(mode: str) -> None:
     'off' runs one rank under autocast, FP8 included (no FP8 all-gather without FSDP)."""
     if mode == "auto":
         return
-    from trainbench.engine import parallel
     from trainbench.engine.parallel import float8
-    parallel.single_rank_without_fsdp = lambda plan: mode == "off"
+    from trainbench.plan import Plan
+    Plan.one_rank_without_fsdp = property(lambda plan: mode == "off")
     if mode == "off":
         float8.float8_all_gather = lambda plan, backend: False
 

@@ -446,15 +446,23 @@ def seed_group(run: calibrate.MeasuredRun) -> str:
 
 
 def predict_project(constants: Constants | None) -> list[dict]:
-    """The project's own GPU runs (predict.project_runs), predicted as the engine runs them."""
+    """The project's own GPU runs (predict.project_runs), predicted as the engine runs them:
+    the constants carried to the run's GPU type as `predict` carries them, and the peak
+    memory beside the run's own where it logged one."""
     out = []
     for run in PROJECT_RUNS:
-        plan = build_plan("pretrain_llama3.1", "8b", run.dtype, 1, "h100",
+        plan = build_plan(run.workload, run.size, run.dtype, 1, run.gpu,
                           overrides=run.overrides)
-        pred = predict_step(plan, sharding="engine", constants=constants)
-        out.append({"row": run.name, "measured_s": run.step_time_s,
-                    "predicted_s": pred.step_time_s,
-                    "error_pct": 100 * (pred.step_time_s / run.step_time_s - 1)})
+        c = transfer_constants(constants, run.gpu)[0] if constants is not None else None
+        pred = predict_step(plan, sharding="engine", constants=c)
+        row = {"row": run.name, "measured_s": run.step_time_s,
+               "predicted_s": pred.step_time_s,
+               "error_pct": 100 * (pred.step_time_s / run.step_time_s - 1)}
+        if run.peak_gib is not None:
+            row.update(measured_peak_gib=run.peak_gib, peak_kind=run.peak_kind,
+                       predicted_peak_gib=pred.memory.total_gib,
+                       memory_error_pct=100 * (pred.memory.total_gib / run.peak_gib - 1))
+        out.append(row)
     return out
 
 
@@ -545,6 +553,17 @@ def print_splits(acc: dict) -> None:
               f"  {r['error_pct']:+6.1f}%  (GEMMs {100 * r['gemm_share']:.0f}% of the step)")
 
 
+def print_project(rows: list[dict]) -> None:
+    print("\nThe project's own GPU runs (predict.project_runs) under predict's default "
+          "constants: step time, and peak memory where the run logged it")
+    for r in rows:
+        memory = (f"  peak {r['measured_peak_gib']:6.1f} GiB {r['peak_kind']:9} predicted "
+                  f"{r['predicted_peak_gib']:6.1f}  {r['memory_error_pct']:+6.1f}%"
+                  if "measured_peak_gib" in r else "")
+        print(f"    {r['row'][:84]:84} {r['measured_s']:7.4f} s  predicted "
+              f"{r['predicted_s']:7.4f} s  {r['error_pct']:+6.1f}%{memory}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=("table", "json"), default="table")
@@ -563,9 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     stats = summary(rows)
     acc = None if args.quick else accuracy_splits()
     moe = predict_moe(default_constants("h100"))
+    project = predict_project(None)
     if args.format == "json":
         json.dump({"cells": rows, "summary": stats, "accuracy": acc, "moe": moe,
-                   "moe_summary": moe_summary(moe)}, sys.stdout, indent=2)
+                   "moe_summary": moe_summary(moe), "project": project}, sys.stdout, indent=2)
         print()
         return 0
     head = (f"{'workload':19} {'size':10} {'dtype':5} {'GPUs':>5}  {'layout':42} "
@@ -583,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
           f"max |error| {stats['max_abs_error_pct']:.1f}%, "
           f"{stats['within_10_pct']} within 10%, {stats['within_20_pct']} within 20%")
     print_moe(moe, "predict's default constants")
+    print_project(project)
     if acc is not None:
         print_splits(acc)
         print_memory(acc["memory"])

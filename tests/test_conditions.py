@@ -256,6 +256,8 @@ def test_cpu_run_records_telemetry_of_its_window(secret_run):
     per_step = {r["iteration"]: r.get("telemetry") for r in read_metrics(exp)}
     assert per_step[0] is None
     assert sum(per_step[i]["samples"] for i in (1, 2)) <= tel["samples"]
+    # the allocator's peak of allocated bytes is a GPU figure: recorded, empty on a CPU
+    assert [r["peak_allocated_bytes"] for r in read_metrics(exp)] == [None] * 3
     if tel["energy_j"] is None:
         assert per_step[1]["energy_j"] is None and per_step[2]["energy_j"] is None
     result = summarize_experiment(exp)

@@ -178,6 +178,15 @@ class Plan:
         return self.layout.pp > 1 or self.dp_sharding != "full"
 
     @property
+    def one_rank_without_fsdp(self) -> bool:
+        """A one-rank run has nothing to shard: FSDP's per-block hooks would cost about a
+        third of a small model's step for nothing, so the engine runs the plain module
+        under autocast. FP8 keeps FSDP: its bf16 compute comes from FSDP's mixed-precision
+        policy on every layout, one rank included, so one FP8 process is the reference
+        the parallel FP8 layouts are compared with."""
+        return self.gpus == 1 and self.dtype not in FP8_DTYPES
+
+    @property
     def gradients_reduced_once(self) -> bool:
         """The engine's gradients accumulate whole and are reduce-scattered once, after the
         step's last backward: under PP and dp_sharding=optimizer."""

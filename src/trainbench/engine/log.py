@@ -25,10 +25,15 @@ class StepMetrics:
     tflops_per_gpu: float
     tokens_per_s: float
     peak_memory_bytes: int
+    """On a GPU the allocator's peak of reserved bytes (NeMo's peak_memory_usage; what an
+    out-of-memory error is decided against); on a CPU the process's peak resident set."""
     memory_allocated_bytes: int
     consumed_samples: int
     time: float
     """Unix time at the end of the step."""
+    peak_allocated_bytes: int | None = None
+    """On a GPU the peak of allocated bytes: what predict's memory model describes before
+    its fragmentation allowance (metrics.jsonl only; the log line keeps NeMo's fields)."""
 
     def to_json(self) -> str:
         data = asdict(self)

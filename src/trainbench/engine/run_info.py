@@ -13,7 +13,7 @@ import torch.distributed as dist
 from ..layout import stage_layers
 from ..plan import FP8_DTYPES, Plan, dp_sharding_label, pipeline_layers
 from .optim import describe as describe_optimizer
-from .parallel import compile_description, single_rank_without_fsdp
+from .parallel import compile_description
 from .parallel.mesh import ParallelDims
 from .parallel.pp import schedule_name
 from .peak import resolve_peak
@@ -30,7 +30,7 @@ def run_peak(plan: Plan, device: torch.device, compute_dtype: torch.dtype) -> di
         # checks numerics and its speed measures nothing an MFU could compare.
         return {"peak_tflops": None, "peak_source": "not applicable", "device_name": "CPU",
                 "peak_gemm": None, "mfu_not_applicable": CPU_FP8_NO_MFU}
-    autocast = single_rank_without_fsdp(plan) and compute_dtype != torch.float32
+    autocast = plan.one_rank_without_fsdp and compute_dtype != torch.float32
     peak, source, name, gemm = resolve_peak(plan, compute_dtype, autocast=autocast)
     return {"peak_tflops": peak, "peak_source": source, "device_name": name,
             "peak_gemm": gemm, "mfu_not_applicable": None}
@@ -42,7 +42,7 @@ def parallel_summary(plan: Plan) -> dict:
     summary = {"tp": lay.tp, "pp": lay.pp, "cp": lay.cp, "dp": lay.dp, "vp": lay.vp,
                "sequence_parallel": lay.tp > 1, "loss_parallel": lay.tp > 1,
                # FSDP shards over dp x cp; a one-rank run has nothing to shard.
-               "fsdp_shards": 0 if single_rank_without_fsdp(plan) else lay.dp * lay.cp,
+               "fsdp_shards": 0 if plan.one_rank_without_fsdp else lay.dp * lay.cp,
                "microbatches_per_step": plan.ga}
     if lay.pp > 1:
         summary["pipeline_schedule"] = schedule_name(plan)

@@ -34,9 +34,11 @@ def reduce_step_metrics(plan: Plan, dims: ParallelDims, device: torch.device,
     step_time = float(slowest)
     if on_gpu:
         peak_mem = torch.cuda.max_memory_reserved(device)
+        peak_alloc = torch.cuda.max_memory_allocated(device)
         alloc = torch.cuda.memory_allocated(device)
     else:
         peak_mem = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak_alloc = None
         alloc = _rss_bytes()
     world = dist.get_world_size()
     return StepMetrics(
@@ -45,7 +47,7 @@ def reduce_step_metrics(plan: Plan, dims: ParallelDims, device: torch.device,
         tflops_per_gpu=plan.gbs * flops_per_seq / step_time / world / 1e12,
         tokens_per_s=plan.seq_len * plan.gbs / step_time, peak_memory_bytes=int(peak_mem),
         memory_allocated_bytes=int(alloc), consumed_samples=(step + 1) * plan.gbs,
-        time=time.time())
+        time=time.time(), peak_allocated_bytes=peak_alloc)
 
 
 def _rss_bytes() -> int:

@@ -32,7 +32,7 @@ from .models import build_model
 from .models.mamba2 import choose_scan
 from .models.moe import moe_layers, update_expert_biases
 from .optim import build_optimizer, lr_at
-from .parallel import clip_grad_norm_, float8, parallelize, single_rank_without_fsdp
+from .parallel import clip_grad_norm_, float8, parallelize
 from .parallel.cp import local_positions, shard_sequence
 from .parallel.mesh import ParallelDims
 from .parallel.pp import build_schedule, split_into_stages
@@ -226,7 +226,7 @@ class Trainer:
 
     def compute_context(self):
         """bf16 autocast for a one-rank run, which has no FSDP mixed-precision policy."""
-        if single_rank_without_fsdp(self.plan) and self.compute_dtype != torch.float32:
+        if self.plan.one_rank_without_fsdp and self.compute_dtype != torch.float32:
             return torch.autocast(self.device.type, dtype=self.compute_dtype)
         return contextlib.nullcontext()
 

@@ -125,9 +125,12 @@ def _sharding_phrase(ctx: Context) -> str:
     n, replicas = ctx.groups.fsdp.size, ctx.groups.replicas.size
     engine = ctx.requested_sharding == ENGINE
     name = "FSDP2" if engine else "FSDP"
-    if engine and ctx.plan.gpus == 1:
+    if engine and ctx.plan.one_rank_without_fsdp:
         text = ("one rank (trainbench's engine, no FSDP): weights, gradients and optimizer "
                 "state whole")
+    elif engine and ctx.plan.gpus == 1:
+        text = ("one rank (trainbench's engine, FSDP2 over one rank, which FP8 keeps for its "
+                "float8 all-gather): weights, gradients and optimizer state whole")
     elif n == 1:
         text = (f"{name} ({whose}) with dp x cp = 1: nothing to shard, every rank holds its "
                 "weights, gradients and optimizer state whole")

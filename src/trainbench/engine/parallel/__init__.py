@@ -110,15 +110,6 @@ def apply_compile(model: nn.Module) -> None:
         model.layers[key] = torch.compile(block, fullgraph=False)
 
 
-def single_rank_without_fsdp(plan: Plan) -> bool:
-    """A one-rank run has nothing to shard: FSDP's per-block hooks would cost about a third
-    of a small model's step for nothing, so the trainer runs the plain module under
-    autocast instead. (FP8 keeps FSDP: its bf16 compute comes from FSDP's mixed-precision
-    policy on every layout, one rank included, so one FP8 process is the reference the
-    parallel FP8 layouts are compared with.)"""
-    return plan.gpus == 1 and plan.dtype not in FP8_DTYPES
-
-
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
                 compute_dtype: torch.dtype) -> nn.Module:
     if plan.dtype in FP8_DTYPES:
@@ -138,7 +129,7 @@ def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
     apply_activation_checkpointing(model, plan.recompute)
     if plan.compile:
         apply_compile(model)
-    if single_rank_without_fsdp(plan):
+    if plan.one_rank_without_fsdp:
         return model
     # FSDP wraps the model on a one-rank dp_cp mesh too (TP-only or PP-only layouts), so
     # every multi-rank layout runs the same mixed-precision code path.
