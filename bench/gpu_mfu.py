@@ -89,6 +89,21 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2 ** 30
 
 
+# CUPTI's marker for a host that waited on a full launch queue (the GPU was busy, which
+# is the healthy case): a span of time, not an operator.
+NOT_OPERATORS = ("Command Buffer Full",)
+
+
+def is_operator(event, cuda: bool) -> bool:
+    """An operator row of the profile: on a GPU the operators (their kernels' time summed
+    under them), not the kernels again, CUPTI's markers or record_function ranges
+    ('Optimizer.step#AdamW.step'), which would count the same time twice."""
+    if event.key in NOT_OPERATORS or "#" in event.key:
+        return False
+    device_type = getattr(event, "device_type", None)
+    return not cuda or device_type is None or str(device_type).endswith("CPU")
+
+
 def top_ops(step, cuda: bool) -> list[tuple[str, float, float]]:
     """(operator, ms, share of the profiled time) of one step, the TOP_OPS longest by self
     device time on a GPU (CPU time on a CPU)."""
@@ -98,7 +113,7 @@ def top_ops(step, cuda: bool) -> list[tuple[str, float, float]]:
         step()
         synchronize()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key) > 0]
+    events = [e for e in prof.key_averages() if getattr(e, key) > 0 and is_operator(e, cuda)]
     total = sum(getattr(e, key) for e in events) or 1.0
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     return [(e.key, getattr(e, key) / 1e3, getattr(e, key) / total) for e in events[:TOP_OPS]]
