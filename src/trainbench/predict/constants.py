@@ -58,6 +58,12 @@ class Constants:
     """The same scan eager (`--set compile=false`): 0.967 against 0.241 us per token."""
     hbm_eff: float = 0.45
     """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, casts) reach."""
+    stream_eff: float = 0.82
+    """Fraction of the HBM bandwidth one streaming pass over a whole large tensor reaches (a
+    weight's cast, a gradient's accumulation): `trainbench probe`'s large copy moved 2.74
+    TB/s, read and write counted, on one H100 80GB HBM3 of 3.35 TB/s
+    (docs/gpu-runs/2026-11-26-h100/probe.log). Measured, not fitted; carried to other
+    GPU types as a fraction of their peak."""
     layer_overhead_us: float = 30.0
     """Fixed time per layer per microbatch, forward + backward: kernel launches, small
     kernels the FLOP and byte counts miss."""

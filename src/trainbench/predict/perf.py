@@ -37,13 +37,20 @@ PART_LABELS = {
     "optimizer": "optimizer step",
 }
 COMPUTE_PARTS = ("gemm", "attention", "scan", "memory_bound", "overhead", "recompute",
-                 "overlap_slowdown")
+                 "overlap_slowdown", "weight_passes")
 
 # Megatron-LM's DDP buckets gradients in groups of about 40M parameters.
 DP_BUCKET_PARAMS = 40e6
 # Adam step per parameter of the local shard: read and write fp32 master weight and two
 # moments (24 B), read the gradient and write the bf16 weight (4 B).
 OPTIMIZER_BYTES_PER_PARAM = 28.0
+# The engine's one-rank run without FSDP keeps fp32 weights and computes under bf16
+# autocast: every microbatch casts each weight to bf16 for its forward (4 B read, 2
+# written) and the weight's bf16 gradient back to fp32 (2 read, 4 written); from the
+# second microbatch on, that gradient is added into the accumulated one (two fp32 reads,
+# one write). Each is one pass over a whole weight, outside the layers' counted traffic.
+WEIGHT_CAST_BYTES_PER_PARAM = 12.0
+GRAD_ACCUMULATE_BYTES_PER_PARAM = 12.0
 
 
 def gemm_efficiency(c: Constants, fp8: bool, lin: Linear) -> float:
@@ -274,6 +281,22 @@ def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, 
     return exposed, hidden
 
 
+def weight_pass_time(ctx: Context, rt: RankTime) -> float:
+    """Seconds per step of the engine's one-rank autocast weight casts and gradient
+    accumulation (WEIGHT_CAST_BYTES_PER_PARAM): streaming passes over whole weights, at
+    the streaming rate. Nothing for a recipe's framework (Megatron keeps bf16 weights and
+    fuses the accumulation into the weight-gradient GEMM) or under FSDP, whose copies
+    predict does not model yet."""
+    plan = ctx.plan
+    if (ctx.requested_sharding != ENGINE or not plan.one_rank_without_fsdp
+            or plan.dtype == "fp32"):
+        return 0.0
+    m = ctx.microbatches
+    nbytes = rt.params * (WEIGHT_CAST_BYTES_PER_PARAM * m
+                          + GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1))
+    return nbytes / (ctx.device.hbm_tbs * 1e12 * ctx.constants.stream_eff)
+
+
 def optimizer_time(ctx: Context, rt: RankTime) -> float:
     """Adam over the local shard, memory-bound (Kingma & Ba 2015; 28 B per parameter)."""
     lay = ctx.plan.layout
@@ -343,6 +366,8 @@ def predict_from_context(ctx: Context, memory: MemoryPrediction | None = None
     breakdown.update(bubble=bubble, dp_comm=dp_exposed, optimizer=optimizer)
     compute_parts = {k: m * v for k, v in rt.compute_parts.items()}
     compute_parts["overlap_slowdown"] += slowdown
+    compute_parts["weight_passes"] = weight_pass_time(ctx, rt)
+    breakdown["compute"] += compute_parts["weight_passes"]
     step = sum(breakdown.values())
 
     published = fl.flops_per_sequence(plan.model, plan.seq_len, "published")

@@ -1,0 +1,68 @@
+"""predict's weight passes: the engine's one-rank autocast run casts every fp32 weight to
+bf16 and its gradient back each microbatch, and accumulates the gradients from the second
+on; each a streaming pass over whole weights at the measured copy rate. Hand counts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from trainbench.catalog.hardware import get_gpu
+from trainbench.planning import build_plan
+from trainbench.predict.constants import default_constants
+from trainbench.predict.perf import predict_step
+
+ONE_RANK = {"tp": 1, "cp": 1, "pp": 1, "dp": 1, "mbs": 1}
+
+
+def plan_for(dtype: str, gbs: int, gpus: int = 1, **extra):
+    layout = dict(ONE_RANK) if gpus == 1 else {"tp": 1, "cp": 1, "pp": 1, "dp": gpus, "mbs": 1}
+    return build_plan("pretrain_llama3.1", "8b", dtype, gpus, "h100",
+                      overrides=dict(layout, layers=4, gbs=gbs, **extra))
+
+
+def llama_8b_4_layer_params() -> int:
+    """Llama 3.1 8B cut to 4 layers, by hand: embedding and head 128,256 x 4096 each; a
+    layer's q (4096 x 4096), k and v (1024 x 4096 each: 8 KV heads of 128), o (4096 x
+    4096), gate and up (14336 x 4096 each), down (4096 x 14336), two norms; the final norm."""
+    hidden, ffn, vocab, kv = 4096, 14336, 128256, 1024
+    layer = 2 * hidden * hidden + 2 * kv * hidden + 3 * ffn * hidden + 2 * hidden
+    return 2 * vocab * hidden + 4 * layer + hidden
+
+
+def test_one_rank_bf16_casts_and_accumulates_by_hand():
+    params = llama_8b_4_layer_params()
+    assert params == 1_923_125_248  # `trainbench check`'s built count of this proxy
+    rate = get_gpu("h100").hbm_tbs * 1e12 * 0.82  # the probe's copy: 2.74 of 3.35 TB/s
+    for gbs in (1, 2, 8):
+        pred = predict_step(plan_for("bf16", gbs), sharding="engine")
+        # 12 B a parameter every microbatch (casts), 12 B from the second (accumulation)
+        expected = params * (12 * gbs + 12 * (gbs - 1)) / rate
+        assert pred.compute_breakdown["weight_passes"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_passes_are_part_of_the_step():
+    plan = plan_for("bf16", 4)
+    c = default_constants("h100")
+    with_passes = predict_step(plan, sharding="engine", constants=c)
+    halved = predict_step(plan, sharding="engine", constants=replace(c, stream_eff=0.41))
+    extra = with_passes.compute_breakdown["weight_passes"]
+    assert halved.compute_breakdown["weight_passes"] == pytest.approx(2 * extra)
+    assert halved.step_time_s - with_passes.step_time_s == pytest.approx(extra)
+
+
+@pytest.mark.parametrize("case", ["recipe sharding", "fp8 keeps FSDP", "fp32", "two ranks"])
+def test_no_weight_passes_where_the_engine_does_not_cast_fp32_weights(case):
+    plan, sharding = plan_for("bf16", 4), "engine"
+    if case == "recipe sharding":  # Megatron: bf16 weights, fused accumulation
+        sharding = "recipe"
+    elif case == "fp8 keeps FSDP":
+        plan = plan_for("fp8", 4)
+    elif case == "fp32":
+        plan = build_plan("pretrain_llama3.1", "tiny", "fp32", 1, "h100",
+                          overrides=dict(ONE_RANK, gbs=4))
+    else:
+        plan = plan_for("bf16", 8, gpus=2)
+    pred = predict_step(plan, sharding=sharding)
+    assert pred.compute_breakdown.get("weight_passes", 0.0) == 0.0
