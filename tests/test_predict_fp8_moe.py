@@ -83,12 +83,11 @@ def _proxy_context(dtype, layers=4, gbs=1):
 def test_engine_mlp_casts_on_one_h100_by_hand():
     # The 8B proxy's MLP as the engine runs FP8 on one GPU (FSDP float8 all-gather, fully
     # sharded: a forward and a backward gather, one microbatch): gate/up 4096 -> 28672, down
-    # 14336 -> 4096, 8192 tokens.
+    # 14336 -> 4096, 8192 tokens. The weights' casts run eagerly before each gather, and
+    # are charged with FSDP's copies (tests/test_predict_weight_passes.py): none here.
     _, ctx = _proxy_context("fp8")
     acts = 8 * 8192 * ((4096 + 28672) + (14336 + 4096))
-    weights = (2 * 27 + 2) * (4096 * 28672 + 14336 * 4096)
-    assert fp8_cost.layer_cast_bytes(ctx.work["mlp"].linears, ctx) == pytest.approx(
-        acts + weights)
+    assert fp8_cost.layer_cast_bytes(ctx.work["mlp"].linears, ctx) == pytest.approx(acts)
     # The head and every bf16 plan cast nothing.
     assert fp8_cost.layer_cast_bytes(ctx.work["head"].linears, ctx) == 0.0
     _, bf16 = _proxy_context("bf16")

@@ -45,8 +45,9 @@ def test_engine_search_weighs_the_data_parallel_sharding():
     the faster and the more it holds: optimizer (weights gathered and gradients reduced
     once a step) before gradients (weights gathered once, gradients reduced every
     microbatch) before full (both every microbatch). With bf16 gradients all fit, and the
-    seed's own layout, as optimizer, ranks in the top two. Under PP the shardings are one
-    program, so only one is listed."""
+    seed's own layout, as optimizer, is among the top three, within 5% of the best (its
+    32 microbatches accumulate gradients unsharded, a pass over the weights each). Under
+    PP the shardings are one program, so only one is listed."""
     result = search("pretrain_llama3.1", "8b", "bf16", 8, "h100", sharding="engine",
                     overrides={"reduce_dtype": "bf16"})
     family = {c.plan.dp_sharding: c.prediction for c in result.ranked
@@ -58,8 +59,10 @@ def test_engine_search_weighs_the_data_parallel_sharding():
     assert times == sorted(times) and len(set(times)) == 3
     assert memory == sorted(memory, reverse=True) and len(set(memory)) == 3
     rank = result.layout_rank_of(result.recipe_key)
-    assert rank is not None and rank <= 2
-    assert result.best_per_layout()[rank - 1].plan.dp_sharding == "optimizer"
+    assert rank is not None and rank <= 3
+    best = result.best_per_layout()
+    assert best[rank - 1].plan.dp_sharding == "optimizer"
+    assert best[rank - 1].prediction.step_time_s <= 1.05 * best[0].prediction.step_time_s
     assert all(c.plan.dp_sharding == "full" for c in result.ranked if c.plan.layout.pp > 1)
     # The recipe's framework has one sharding of its own: nothing to choose.
     recipe = search("pretrain_llama3.1", "8b", "bf16", 8, "h100")

@@ -1,6 +1,8 @@
-"""predict's weight passes: the engine's one-rank autocast run casts every fp32 weight to
-bf16 and its gradient back each microbatch, and accumulates the gradients from the second
-on; each a streaming pass over whole weights at the measured copy rate. Hand counts."""
+"""predict's weight passes, each a streaming pass over whole weights at the measured copy
+rate: the engine's one-rank autocast run casts every fp32 weight to bf16 and its gradient
+back each microbatch and accumulates the gradients from the second on; under FSDP2, each
+gather casts and copies, each reduction copies into the reduce-scatter buffer, and
+gradients accumulate. Hand counts."""
 
 from __future__ import annotations
 
@@ -52,17 +54,53 @@ def test_the_passes_are_part_of_the_step():
     assert halved.step_time_s - with_passes.step_time_s == pytest.approx(extra)
 
 
-@pytest.mark.parametrize("case", ["recipe sharding", "fp8 keeps FSDP", "fp32", "two ranks"])
-def test_no_weight_passes_where_the_engine_does_not_cast_fp32_weights(case):
+def fp8_params_of_4_layers() -> int:
+    """The FP8 linears' weights FSDP gathers in FP8: q, k, v, o, gate, up, down a layer."""
+    hidden, ffn, kv = 4096, 14336, 1024
+    return 4 * (2 * hidden * hidden + 2 * kv * hidden + 3 * ffn * hidden)
+
+
+def test_one_rank_fp8_under_fsdp_by_hand():
+    """The default one-rank FP8 plan: FSDP2 on one rank, weights gathered once a step and
+    gradients reduced once (dp_sharding=optimizer), bf16 reduction."""
+    plan = plan_for("fp8", 4)
+    assert (plan.weights_kept_gathered, plan.gradients_reduced_once, plan.reduce_bytes) == (
+        True, True, 2)
+    params, fp8 = llama_8b_4_layer_params(), fp8_params_of_4_layers()
+    plain, m = params - fp8, 4
+    # one gather: cast 6 + copy 4 for a bf16-gathered element, a 1 B copy in and out for
+    # an FP8 one; torchao's eager cast before it, 27 B, and one amax pass (2 B) a step
+    gather = plain * (6 + 4) + fp8 * 2 + fp8 * (27 + 2)
+    # one reduction: chunk_cat bf16 to bf16 (2 + 2), the shard cast to fp32 (2 + 4);
+    # the microbatches between accumulate unsharded bf16 gradients (2 + 2 read, 2 written)
+    reduce = params * (2 + 2) + params * 6 + params * 6 * (m - 1)
+    rate = get_gpu("h100").hbm_tbs * 1e12 * 0.82
+    pred = predict_step(plan, sharding="engine")
+    assert pred.compute_breakdown["weight_passes"] == pytest.approx((gather + reduce) / rate)
+
+
+def test_two_ranks_fully_sharded_by_hand():
+    """FSDP2 over two ranks, resharded after every forward, fp32 reduction each
+    microbatch: 8 gathers and 4 reductions a step for 4 microbatches."""
+    plan = plan_for("bf16", 8, gpus=2, dp_sharding="full", reduce_dtype="fp32")
+    params, n, m = llama_8b_4_layer_params(), 2, 4
+    # a gather: cast 6 and copy-in 4 of the shard, copy-out 4 of the whole unit
+    gathers = 2 * m * params * ((6 + 4) / n + 4)
+    # a reduction: chunk_cat bf16 into fp32 (2 + 4); from the second on, the fp32 shard
+    # is added into the accumulated one (4 + 4 read, 4 written)
+    reductions = m * params * (2 + 4) + (m - 1) * params / n * 12
+    rate = get_gpu("h100").hbm_tbs * 1e12 * 0.82
+    pred = predict_step(plan, sharding="engine")
+    assert pred.compute_breakdown["weight_passes"] == pytest.approx((gathers + reductions) / rate)
+
+
+@pytest.mark.parametrize("case", ["recipe sharding", "fp32"])
+def test_no_weight_passes_for_a_recipe_or_fp32(case):
     plan, sharding = plan_for("bf16", 4), "engine"
     if case == "recipe sharding":  # Megatron: bf16 weights, fused accumulation
         sharding = "recipe"
-    elif case == "fp8 keeps FSDP":
-        plan = plan_for("fp8", 4)
-    elif case == "fp32":
+    else:
         plan = build_plan("pretrain_llama3.1", "tiny", "fp32", 1, "h100",
                           overrides=dict(ONE_RANK, gbs=4))
-    else:
-        plan = plan_for("bf16", 8, gpus=2)
     pred = predict_step(plan, sharding=sharding)
     assert pred.compute_breakdown.get("weight_passes", 0.0) == 0.0

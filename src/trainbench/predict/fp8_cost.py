@@ -182,6 +182,10 @@ def layer_cast_bytes(linears, ctx) -> float:
             own = Fp8Recipe(TORCHAO, "mxfp8" if plan.dtype == "mxfp8" else "rowwise")
             own_gathers = 0.0
         total += activation_bytes(lin.name, lin.m, lin.k, lin.n, own, b)
+        if own_gathers:
+            # Cast eagerly before FSDP's float8 all-gather: a streaming pass over the
+            # weight shard, charged with FSDP's copies (perf.fsdp_pass_bytes).
+            continue
         # A grouped linear's k x n is one expert's: this GPU holds m / group_m of them.
         experts = max(1, round(lin.m / lin.group_m)) if lin.group_m else 1
         total += experts * weight_bytes(

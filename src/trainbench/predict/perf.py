@@ -20,7 +20,7 @@ from .comm import (all_gather_s, all_reduce_s, crosses_domains, moe_dispatch_s, 
 from .constants import Constants
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, MegatronRun, make_context
 from .device import Device
-from .fp8_cost import float8_gathered_params, layer_cast_bytes
+from .fp8_cost import EAGER_FLOAT8_CAST_BYTES, float8_gathered_params, layer_cast_bytes
 from .memory import MemoryPrediction, memory_from_context
 from .work import LayerWork, Linear
 
@@ -51,6 +51,17 @@ OPTIMIZER_BYTES_PER_PARAM = 28.0
 # one write). Each is one pass over a whole weight, outside the layers' counted traffic.
 WEIGHT_CAST_BYTES_PER_PARAM = 12.0
 GRAD_ACCUMULATE_BYTES_PER_PARAM = 12.0
+# Under FSDP2 (torch.distributed.fsdp._fully_shard, bf16 param_dtype) each gather casts
+# the fp32 shard to bf16 (read 4, write 2: FSDPParam.all_gather_inputs) and copies it
+# into the all-gather buffer (read 2, write 2: foreach_all_gather's _foreach_copy_);
+# after the all-gather the whole unit is copied out into its parameters (read 2, write
+# 2: split_with_sizes_copy). One rank copies the cast shard straight into the unsharded
+# parameters (FSDPParamGroup.wait_for_unshard): 6 + 4 B. A float8-gathered weight moves
+# 1 B elements, its cast counted in fp8_cost. Each reduction copies the bf16 gradients
+# into the reduce-scatter buffer in the reduce dtype (chunk_cat: read 2, write 4 for
+# fp32), then a bf16-reduced shard is cast to fp32 (read 2, write 4).
+FSDP_CAST_BYTES_PER_SHARD_ELEMENT = 6.0
+FSDP_COPY_BYTES_PER_ELEMENT = 4.0
 
 
 def gemm_efficiency(c: Constants, fp8: bool, lin: Linear) -> float:
@@ -282,19 +293,48 @@ def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, 
 
 
 def weight_pass_time(ctx: Context, rt: RankTime) -> float:
-    """Seconds per step of the engine's one-rank autocast weight casts and gradient
-    accumulation (WEIGHT_CAST_BYTES_PER_PARAM): streaming passes over whole weights, at
-    the streaming rate. Nothing for a recipe's framework (Megatron keeps bf16 weights and
-    fuses the accumulation into the weight-gradient GEMM) or under FSDP, whose copies
-    predict does not model yet."""
+    """Seconds per step of the engine's streaming passes over whole weights and gradients
+    (casts, FSDP2's copies, gradient accumulation), at the streaming rate. Nothing for a
+    recipe's framework: Megatron keeps bf16 weights, gathers into them in place and fuses
+    the accumulation into the weight-gradient GEMM."""
     plan = ctx.plan
-    if (ctx.requested_sharding != ENGINE or not plan.one_rank_without_fsdp
+    if (ctx.requested_sharding != ENGINE or ctx.sharding == DISTRIBUTED_OPTIMIZER
             or plan.dtype == "fp32"):
         return 0.0
     m = ctx.microbatches
-    nbytes = rt.params * (WEIGHT_CAST_BYTES_PER_PARAM * m
-                          + GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1))
+    if plan.one_rank_without_fsdp:
+        nbytes = rt.params * (WEIGHT_CAST_BYTES_PER_PARAM * m
+                              + GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1))
+    else:
+        nbytes = fsdp_pass_bytes(ctx, rt)
     return nbytes / (ctx.device.hbm_tbs * 1e12 * ctx.constants.stream_eff)
+
+
+def fsdp_pass_bytes(ctx: Context, rt: RankTime) -> float:
+    """Bytes per step of FSDP2's casts and copies on this rank (the constants above)."""
+    plan, m, n = ctx.plan, ctx.microbatches, ctx.groups.fsdp.size
+    plain, fp8 = rt.params - rt.float8_params, rt.float8_params
+    copy = FSDP_COPY_BYTES_PER_ELEMENT
+    if n == 1:
+        per_gather = plain * (FSDP_CAST_BYTES_PER_SHARD_ELEMENT + copy) + fp8 * copy / 2
+    else:
+        per_gather = (plain * ((FSDP_CAST_BYTES_PER_SHARD_ELEMENT + copy) / n + copy)
+                      + fp8 * (copy / 2 / n + copy / 2))
+    gathers = 1 if plan.weights_kept_gathered else 2 * m
+    reductions = 1 if plan.gradients_reduced_once else m
+    per_reduction = rt.params * (2.0 + plan.reduce_bytes)
+    if plan.reduce_bytes == 2:
+        per_reduction += rt.params * 6.0 / n
+    # Gradients accumulate: unsharded in bf16 between deferred reductions (read two,
+    # write one), or sharded in fp32 after each reduction from the second on.
+    if plan.gradients_reduced_once:
+        accumulate = rt.params * 6.0 * (m - 1)
+    else:
+        accumulate = rt.params / n * GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1)
+    # torchao's eager cast of each float8-gathered shard before its gather, and one amax
+    # pass over it a step (fp8_cost.weight_bytes' count).
+    float8_casts = fp8 / n * (gathers * EAGER_FLOAT8_CAST_BYTES + ctx.shape.act_bytes)
+    return gathers * per_gather + reductions * per_reduction + accumulate + float8_casts
 
 
 def optimizer_time(ctx: Context, rt: RankTime) -> float:
