@@ -64,6 +64,12 @@ class Constants:
     TB/s, read and write counted, on one H100 80GB HBM3 of 3.35 TB/s
     (docs/gpu-runs/2026-11-26-h100/probe.log). Measured, not fitted; carried to other
     GPU types as a fraction of their peak."""
+    fused_adam_eff: float = 0.76
+    """Fraction of the HBM bandwidth a fused Adam kernel (one multi-tensor kernel over
+    weights, gradients and both moments) reaches: torch's fused AdamW took 21.2 ms over
+    the 1,923,125,248 parameters of the Llama 3.1 8B 4-layer proxy, 28 B each, on one H100
+    80GB HBM3 (the profiled step in docs/gpu-runs/2026-11-26-h100/gpu_mfu.log): 2.54 of
+    3.35 TB/s. An operator's own time in a profile, not fitted to step times."""
     layer_overhead_us: float = 30.0
     """Fixed time per layer per microbatch, forward + backward: kernel launches, small
     kernels the FLOP and byte counts miss."""

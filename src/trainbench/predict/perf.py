@@ -44,6 +44,12 @@ DP_BUCKET_PARAMS = 40e6
 # Adam step per parameter of the local shard: read and write fp32 master weight and two
 # moments (24 B), read the gradient and write the bf16 weight (4 B).
 OPTIMIZER_BYTES_PER_PARAM = 28.0
+# engine/optim.py AdamWBf16Moments._update, per element of an fp32 weight with fp32
+# gradients: each moment upcast (read 2, write 4), the first moment's lerp (read 8, write
+# 4), the second's mul (4 + 4) and addcmul (read 12, write 4), both stored back to bf16
+# (read 4, write 2 each), the weight decay (4 + 4), the denominator's division, square
+# root and epsilon (4 + 4 each) and the update (read 12, write 4).
+BF16_MOMENTS_ENGINE_BYTES_PER_PARAM = 6 + 12 + 6 + 8 + 16 + 6 + 6 + 8 + 3 * 8 + 16
 # The engine's one-rank run without FSDP keeps fp32 weights and computes under bf16
 # autocast: every microbatch casts each weight to bf16 for its forward (4 B read, 2
 # written) and the weight's bf16 gradient back to fp32 (2 read, 4 written); from the
@@ -338,11 +344,28 @@ def fsdp_pass_bytes(ctx: Context, rt: RankTime) -> float:
 
 
 def optimizer_time(ctx: Context, rt: RankTime) -> float:
-    """Adam over the local shard, memory-bound (Kingma & Ba 2015; 28 B per parameter)."""
+    """Adam over the local shard (Kingma & Ba 2015), memory-bound: a fused kernel's bytes
+    at the rate a fused Adam reaches, the engine's bf16-moment AdamW's passes at the
+    streaming rate (optimizer_bytes_per_param)."""
     lay = ctx.plan.layout
     shard = lay.dp * lay.cp if ctx.sharding == DISTRIBUTED_OPTIMIZER else ctx.groups.fsdp.size
-    nbytes = OPTIMIZER_BYTES_PER_PARAM * rt.params / shard
-    return nbytes / (ctx.device.hbm_tbs * 1e12 * ctx.constants.hbm_eff)
+    nbytes = optimizer_bytes_per_param(ctx) * rt.params / shard
+    c = ctx.constants
+    fused = not (ctx.plan.adam_moments == "bf16" and ctx.requested_sharding == ENGINE)
+    return nbytes / (ctx.device.hbm_tbs * 1e12 * (c.fused_adam_eff if fused else c.stream_eff))
+
+
+def optimizer_bytes_per_param(ctx: Context) -> float:
+    """OPTIMIZER_BYTES_PER_PARAM for fp32 moments, in one fused kernel (torch's fused
+    AdamW, the engine's on CUDA; Megatron's fused Adam). With bf16 moments each moment
+    moves half the bytes in a recipe's fused kernel (Megatron's precision-aware
+    optimizer); the engine's AdamWBf16Moments runs one PyTorch operation at a time
+    (engine/optim.py), each a pass of its own: BF16_MOMENTS_ENGINE_BYTES_PER_PARAM."""
+    if ctx.plan.adam_moments != "bf16":
+        return OPTIMIZER_BYTES_PER_PARAM
+    if ctx.requested_sharding == ENGINE:
+        return BF16_MOMENTS_ENGINE_BYTES_PER_PARAM
+    return OPTIMIZER_BYTES_PER_PARAM - 8.0
 
 
 @dataclass(frozen=True)
