@@ -240,13 +240,16 @@ def _rows_and_weights(rank: int):
 def _input_gradient_worker(rank: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
 
+    from trainbench.engine.models.moe import swiglu
     from trainbench.engine.parallel.ep import _ep_compute
     torch.set_num_threads(1)
     # A short timeout: a rank left waiting in an all-to-all fails instead of hanging.
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=30))
     (w1, w3, w2), rows, weight, counts = _rows_and_weights(rank)
-    local = SimpleNamespace(**{name: w.chunk(2)[rank].clone().requires_grad_()
+    # This rank's half of an MoE layer's experts: their weights and their activation.
+    local = SimpleNamespace(activate=swiglu,
+                            **{name: w.chunk(2)[rank].clone().requires_grad_()
                                for name, w in zip(("w1", "w3", "w2"), (w1, w3, w2))})
     rows = rows.clone().requires_grad_()
     out = _ep_compute(local, dist.group.WORLD, 2)(rows, counts)

@@ -1,6 +1,7 @@
 """What an MoE layer keeps for its backward, counted: the routed rows' tensors at hidden
 and expert width that the backward reads, and nothing it does not (engine/models/
-moe_rows.py). Grouped-GEMM path (the GPU's), bf16, on the CPU's torch._grouped_mm."""
+moe_rows.py, MoE.activate). Grouped-GEMM path (the GPU's), bf16, on the CPU's
+torch._grouped_mm."""
 
 from __future__ import annotations
 
@@ -8,43 +9,68 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torch.autograd.graph import saved_tensors_hooks  # noqa: E402
+import gc  # noqa: E402
+import weakref  # noqa: E402
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from trainbench.catalog.models import get_model  # noqa: E402
 from trainbench.engine.models import moe as moe_mod  # noqa: E402
 from trainbench.engine.models.moe import MoE, grouped_swiglu  # noqa: E402
 from trainbench.engine.models.moe_rows import scatter_rows, weighted_combine  # noqa: E402
+from trainbench.engine.parallel import keep_only_inputs_of_cheap_ops  # noqa: E402
 
 
-def _distinct_saved(fn):
-    """(shape, dtype) of each distinct tensor autograd saves while fn runs."""
-    seen = {}
+class _Created(TorchDispatchMode):
+    """Weak references to every tensor an operation creates while it is active."""
 
-    def pack(t):
-        seen[(t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))] = (
-            tuple(t.shape), t.dtype)
-        return t
-    with saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return list(seen.values()), out
+    def __init__(self):
+        super().__init__()
+        self.refs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.refs += [weakref.ref(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
 
 
-def test_a_moe_layer_keeps_two_hidden_wide_and_three_expert_wide_row_tensors(monkeypatch):
+def _alive_after_forward(layer, x):
+    """(shape of each distinct storage the forward created that is still alive once it
+    returned: what the backward holds, whoever holds it), and the output."""
+    with _Created() as created:
+        out = layer(x)
+    gc.collect()
+    alive = {}
+    for ref in created.refs:
+        t = ref()
+        if t is not None:
+            alive.setdefault(t.untyped_storage().data_ptr(), tuple(t.shape))
+    return list(alive.values()), out
+
+
+@pytest.mark.parametrize("rerun", [True, False], ids=["engine", "under full recompute"])
+def test_a_moe_layer_keeps_two_hidden_wide_and_three_expert_wide_row_tensors(monkeypatch,
+                                                                             rerun):
+    """The engine's layer (parallel.keep_only_inputs_of_cheap_ops) keeps the grouped
+    GEMMs' input (w1 and w3 share it) and the expert outputs the gates' gradient reads,
+    and of the experts' activation only its inputs, gate and up, beside their product
+    (the down projection's input). Under full recompute the block's checkpoint keeps
+    none of it, so the activation is not rerun a third time: its silu(gate) stays for
+    the recomputed backward."""
     spec = get_model("pretrain_qwen3", "tiny")
     monkeypatch.setattr(moe_mod, "expert_path", lambda *a, **k: "grouped")
     torch.manual_seed(0)
     layer = MoE(spec).to(torch.bfloat16)
     layer.init_weights(0.02)
+    if rerun:
+        keep_only_inputs_of_cheap_ops(layer)
     tokens, h, f = 64, spec.hidden, spec.moe_ffn
     rows = tokens * spec.top_k
     x = torch.randn(1, tokens, h, dtype=torch.bfloat16, requires_grad=True)
-    saved, out = _distinct_saved(lambda: layer(x))
-    hidden_rows = [s for s, _ in saved if s == (rows, h)]
-    ffn_rows = [s for s, _ in saved if s == (rows, f)]
-    # The grouped GEMMs' input (w1 and w3 share it) and the expert outputs the gates'
-    # gradient reads; gate and up, and their product (the down projection's input).
-    assert len(hidden_rows) == 2, saved
-    assert len(ffn_rows) == 3, saved
+    alive, out = _alive_after_forward(layer, x)
+    assert alive.count((rows, h)) == 2, alive
+    assert alive.count((rows, f)) == (3 if rerun else 4), alive
     out.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad.float()).all()
 

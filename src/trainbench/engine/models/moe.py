@@ -29,7 +29,7 @@ from torch import nn
 from trainbench.catalog.models import ModelSpec
 from trainbench.engine.models.transformer import MLP
 
-from .moe_rows import scatter_rows, swiglu, weighted_combine
+from .moe_rows import scatter_rows, weighted_combine
 
 INIT_STD = 0.02
 
@@ -225,17 +225,24 @@ def pad_token_groups(counts: torch.Tensor, alignment: int, rows: int
     return dest, padded_ends.to(torch.int32), -(-bound // alignment) * alignment
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The experts' activation, silu(gate) * up: MoE.activate, which
+    parallel.keep_only_inputs_of_cheap_ops makes keep only gate and up for the backward,
+    as it does the dense MLP's."""
+    return F.silu(gate) * up
+
+
 def _grouped_swiglu(x: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                    w2: torch.Tensor) -> torch.Tensor:
+                    w2: torch.Tensor, activate) -> torch.Tensor:
     """One torch._grouped_mm per projection over rows grouped by `offs` (group ends).
     The weights are passed transposed, [E, in, out] column-major, as the FP8 forms want."""
     def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
-    return mm(swiglu(mm(x, w1), mm(x, w3)), w2)
+    return mm(activate(mm(x, w1), mm(x, w3)), w2)
 
 
 def _loop_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                 w2: torch.Tensor) -> torch.Tensor:
+                 w2: torch.Tensor, activate) -> torch.Tensor:
     """Expert by expert, for devices without a grouped GEMM. Each weight is split into its
     experts once (`unbind`): its backward stacks the E expert gradients once, O(E f h).
     Indexing the parameter inside the loop (`w1[e]`) would cost a whole [E, f, h] zero
@@ -243,13 +250,14 @@ def _loop_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: to
     # One host read of the counts per layer: the loop needs the split sizes.
     sizes = counts.tolist()
     experts = zip(w1.unbind(0), w3.unbind(0), w2.unbind(0))
-    outs = [(F.silu(rows @ g.T) * (rows @ u.T)) @ d.T
+    outs = [activate(rows @ g.T, rows @ u.T) @ d.T
             for rows, (g, u, d) in zip(x.split(sizes), experts) if rows.shape[0]]
     return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[1])
 
 
 def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                   w2: torch.Tensor, grouped_mm: bool | None = None) -> torch.Tensor:
+                   w2: torch.Tensor, grouped_mm: bool | None = None,
+                   activate=swiglu) -> torch.Tensor:
     """SwiGLU of rows x [N, d] sorted by expert, expert e taking the next counts[e] rows:
     (silu(x W1_e^T) * x W3_e^T) W2_e^T with W1, W3 [E, f, d] and W2 [E, d, f], each
     expert's weight [out, in] as an nn.Linear's (and Hugging Face's) is.
@@ -260,7 +268,8 @@ def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: 
     groups are padded here to the multiple their GEMMs need (GROUP_ALIGNMENT), without a
     host read, and the padding rows dropped from the output.
 
-    `grouped_mm` forces one path (tests compare them); None picks by expert_path."""
+    `grouped_mm` forces one path (tests compare them); None picks by expert_path.
+    `activate(gate, up)` is the activation (an MoE layer passes its own, MoE.activate)."""
     if x.shape[0] == 0:
         return x.new_zeros(0, w2.shape[1])
     low = _low_precision(w1)
@@ -272,13 +281,14 @@ def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: 
         w1, w3, w2 = (w.to(dtype) for w in (w1, w3, w2))
     with torch.autocast(x.device.type, enabled=False):
         if not grouped_mm:
-            return _loop_swiglu(x, counts, w1, w3, w2)
+            return _loop_swiglu(x, counts, w1, w3, w2, activate)
         alignment = GROUP_ALIGNMENT.get(type(w1).__name__)
         if alignment is None:
-            return _grouped_swiglu(x, torch.cumsum(counts, 0, dtype=torch.int32), w1, w3, w2)
+            return _grouped_swiglu(x, torch.cumsum(counts, 0, dtype=torch.int32), w1, w3, w2,
+                                   activate)
         dest, offs, rows = pad_token_groups(counts, alignment, x.shape[0])
         padded = scatter_rows(x, dest, rows)
-        return _grouped_swiglu(padded, offs, w1, w3, w2).index_select(0, dest)
+        return _grouped_swiglu(padded, offs, w1, w3, w2, activate).index_select(0, dest)
 
 
 # ------------------------------------------------------------------------ module
@@ -365,7 +375,11 @@ class MoE(nn.Module):
     def compute_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Routed experts on rows sorted by expert (counts [E]); the hook that expert
         parallelism (engine/parallel/ep.py) replaces with its dispatch and combine."""
-        return grouped_swiglu(rows, counts, self.w1, self.w3, self.w2)
+        return grouped_swiglu(rows, counts, self.w1, self.w3, self.w2,
+                              activate=self.activate)
+
+    activate = staticmethod(swiglu)
+    """The experts' activation; parallel.keep_only_inputs_of_cheap_ops wraps it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_meta:

@@ -1,17 +1,17 @@
-"""The MoE layer's row movements and its experts' activation, written as autograd
-functions that keep for the backward only what the backward reads.
+"""The MoE layer's row movements, written as autograd functions that keep for the
+backward only what the backward reads.
 
-Left to autograd, each of these keeps a whole [rows, hidden] (or [rows, ffn]) tensor it
-never reads again: `index_copy` keeps its source, `index_add_` the weighted expert
-outputs, and `silu(g) * u` keeps silu(g) beside g and u. Traced at Qwen3 235B-A22B's
-width (`check`, 16,384 routed rows a microbatch), those were 0.4 GiB per MoE layer per
-microbatch in flight. Their backwards need only the indices, the gate weights with the
-expert outputs they scale, and the activation's two inputs."""
+Left to autograd, each of these keeps a whole [rows, hidden] tensor it never reads
+again: `index_copy` keeps its source, `index_add_` the weighted expert outputs. Their
+backwards need only the indices and the gate weights with the expert outputs they scale.
+(The experts' activation keeps only its two inputs through MoE.activate, which
+parallel.keep_only_inputs_of_cheap_ops reruns in the backward like the dense MLP's.)
+Traced at Qwen3 235B-A22B's width (`check`, 16,384 routed rows a microbatch), what the
+three would otherwise keep is 0.4 GiB per MoE layer per microbatch in flight."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 class _ScatterRows(torch.autograd.Function):
@@ -48,20 +48,6 @@ class _WeightedCombine(torch.autograd.Function):
         return per_row * gate, grad_gate, None, None
 
 
-class _SwiGLU(torch.autograd.Function):
-    """silu(gate) * up, keeping gate and up: silu runs again in the backward."""
-
-    @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(gate, up)
-        return F.silu(gate) * up
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        gate, up = ctx.saved_tensors
-        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
-
-
 def scatter_rows(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
     return _ScatterRows.apply(x, dest, rows)
 
@@ -70,6 +56,3 @@ def weighted_combine(expert_out: torch.Tensor, gate: torch.Tensor, token_of: tor
                      tokens: int) -> torch.Tensor:
     return _WeightedCombine.apply(expert_out, gate, token_of, tokens)
 
-
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return _SwiGLU.apply(gate, up)

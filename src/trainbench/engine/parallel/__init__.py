@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...plan import FP8_DTYPES, Plan, compile_label
 from ..models.mamba2 import Mamba2Mixer
-from ..models.moe import moe_layers
+from ..models.moe import MoE, moe_layers
 from ..models.transformer import MLP, LayerNorm1p, RMSNorm
 from . import cp, float8
 from .cp import apply_context_parallel
@@ -60,8 +60,9 @@ def _recomputed(fn):
 
 
 def keep_only_inputs_of_cheap_ops(model: nn.Module) -> None:
-    """Norms, the MLP's activation function and the Mamba-2 mixer between its projections
-    keep only their inputs for the backward and run again in it, as Megatron's fused
+    """Norms, the MLP's and the MoE experts' activation function and the Mamba-2 mixer
+    between its projections keep only their inputs for the backward and run again in it,
+    as Megatron's fused
     kernels keep only a norm's input (and its statistics), a SwiGLU's two inputs and a
     mixer's in_proj output (mamba_split_conv1d_scan_combined). Left to autograd, a norm
     computed in fp32 keeps an fp32 copy of its input and the normalised tensor beside it,
@@ -74,7 +75,7 @@ def keep_only_inputs_of_cheap_ops(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, (RMSNorm, LayerNorm1p)):
             module.forward = _recomputed(module.forward)
-        elif isinstance(module, MLP):
+        elif isinstance(module, (MLP, MoE)):
             module.activate = _recomputed(module.activate)
         elif isinstance(module, Mamba2Mixer):
             module.mix = _recomputed(module.mix)

@@ -107,7 +107,7 @@ def _local(w: torch.Tensor) -> torch.Tensor:
 def _ep_compute(moe: nn.Module, group, ep: int):
     def experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         w1, w3, w2 = (scale_grad(_local(getattr(moe, n)), 1.0 / ep) for n in EXPERT_WEIGHTS)
-        out = grouped_swiglu(rows, counts, w1, w3, w2)
+        out = grouped_swiglu(rows, counts, w1, w3, w2, activate=moe.activate)
         if rows.shape[0] == 0:
             # No token for any local expert. A zero term still gives the weights a
             # gradient, so every rank joins the same gradient reduce-scatters; and it
