@@ -233,7 +233,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def _grouped_swiglu(x: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                    w2: torch.Tensor, activate) -> torch.Tensor:
+                    w2: torch.Tensor, activate=swiglu) -> torch.Tensor:
     """One torch._grouped_mm per projection over rows grouped by `offs` (group ends).
     The weights are passed transposed, [E, in, out] column-major, as the FP8 forms want."""
     def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -242,7 +242,7 @@ def _grouped_swiglu(x: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: t
 
 
 def _loop_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                 w2: torch.Tensor, activate) -> torch.Tensor:
+                 w2: torch.Tensor, activate=swiglu) -> torch.Tensor:
     """Expert by expert, for devices without a grouped GEMM. Each weight is split into its
     experts once (`unbind`): its backward stacks the E expert gradients once, O(E f h).
     Indexing the parameter inside the loop (`w1[e]`) would cost a whole [E, f, h] zero
