@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import FP8_RUN_TIMEOUT, read_metrics, train
+
 
 @pytest.fixture
 def one_thread():
@@ -13,3 +15,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def one_fp8_run(tmp_path_factory):
+    """workload -> the experiment directory of one FP8 process over 3 steps of the tiny
+    size, run once a session: the reference of every parallel FP8 layout, and a run whose
+    records the FP8 tests read (tests/test_fp8.py, tests/test_fp8_saved_input.py)."""
+    root = tmp_path_factory.mktemp("one_fp8")
+    cache = {}
+
+    def get(workload: str):
+        if workload not in cache:
+            cache[workload] = train(root, workload, 1, dtype="fp8", steps=3,
+                                    timeout=FP8_RUN_TIMEOUT)
+        return cache[workload]
+    return get
+
+
+@pytest.fixture(scope="session")
+def one_fp8_process(one_fp8_run):
+    """workload -> the metrics of one_fp8_run."""
+    return lambda workload: read_metrics(one_fp8_run(workload))

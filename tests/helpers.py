@@ -37,6 +37,11 @@ def losses(exp_dir: Path) -> list[float]:
     return [float(r["loss"]) for r in read_metrics(exp_dir)]
 
 
+# FP8 GEMMs on a CPU are software (torch._scaled_mm): about 0.5 s per tiny step on one
+# idle core pair, many times that on a shared machine.
+FP8_RUN_TIMEOUT = 1800
+
+
 def train(root: Path, workload: str, scale: int, *extra: str, steps: int = 3,
           dtype: str = "fp32", size: str = "tiny", env: dict | None = None,
           timeout: int = 300) -> Path:

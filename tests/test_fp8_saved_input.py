@@ -193,12 +193,12 @@ def test_rowwise_keeps_torchaos_linear():
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_tp2_run_matches_one_process_and_says_what_it_keeps(tmp_path):
+def test_tp2_run_matches_one_process_and_says_what_it_keeps(tmp_path, one_fp8_run):
     """Three tiny FP8 steps at TP2 (real gloo ranks: row-parallel layers keep FP8 DTensor
     shards, the gathered inputs keep bf16) against one process, at tests/test_fp8.py's
     tolerances; run.json says what was kept."""
     from test_fp8 import FP8_PARITY_GRAD_NORM_RTOL, FP8_PARITY_LOSS_RTOL, RUN_TIMEOUT
-    one = train(tmp_path / "one", "pretrain_llama3.1", 1, dtype="fp8", timeout=RUN_TIMEOUT)
+    one = one_fp8_run("pretrain_llama3.1")
     tp2 = train(tmp_path / "tp2", "pretrain_llama3.1", 2, "--set", "tp=2", dtype="fp8",
                 timeout=RUN_TIMEOUT)
     assert losses(one) == pytest.approx(losses(tp2), rel=FP8_PARITY_LOSS_RTOL)
