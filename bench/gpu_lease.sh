@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The next GPU checks, sized for one short lease of one GPU (about 9 minutes of command
+# time): each step under its own time limit and never past the lease's budget, the logs
+# packed into OUT_DIR after every step, so a lease that ends early still returns what
+# ran. Highest value first: the MoE proxies' operator breakdown (where predict misses
+# 22-43%), the accept rows' allocated peaks (metrics.jsonl's peak_allocated_bytes), then
+# the accept rows no GPU has run. bench/gpu_checks.sh is the unhurried version.
+#
+#   BUDGET=540 bash bench/gpu_lease.sh OUT_DIR    (PYTHONPATH=src, or trainbench installed)
+# torchao travels as a wheel: docs/gpu-acceptance.md, "Bringing torchao".
+set -u
+out=${1:?usage: bash bench/gpu_lease.sh OUT_DIR}
+py=${PYTHON:-python3}
+start=$(date +%s); deadline=$((start + ${BUDGET:-540}))
+work=$(mktemp -d); summary=$work/summary.txt
+mkdir -p "$out"
+pack() {  # two files back: the summary, and every log (profiler traces left out)
+  tar czf "$out/logs.tgz" -C "$work" --exclude='*.pt.trace.json*' --exclude='*.json.gz' \
+      --exclude='*.distcp' --exclude='*.pt' . 2>/dev/null
+  cp "$summary" "$out/summary.txt"
+}
+step() {  # step NAME SECONDS COMMAND...: within what is left of the budget, then pack
+  local name=$1 limit=$2; shift 2
+  local left=$((deadline - $(date +%s)))
+  if [ "$left" -lt 40 ]; then echo "skipped $name: ${left}s left" >> "$summary"; pack; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "== $name at +$(( $(date +%s) - start ))s, limit ${limit}s: $*" >> "$summary"
+  timeout -k 10 "$limit" "$@" > "$work/$name.log" 2>&1
+  echo "   $name exit $? at +$(( $(date +%s) - start ))s" >> "$summary"
+  pack
+}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv
+  "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  "$py" -c "import torchao; print('torchao', torchao.__version__)" || true
+} >> "$summary" 2>&1
+step import_all 60 "$py" bench/import_all.py
+moe="$py bench/gpu_moe.py --steps 5 --warmup 3 --no-layer --top 40"
+step moe_235b_bf16 150 $moe --proxies qwen3-235b --dtypes bf16 --json "$work/moe_235b_bf16.json"
+step moe_30b 150 $moe --proxies qwen3-30b --dtypes bf16,fp8 --json "$work/moe_30b.json"
+step accept_peaks 150 "$py" -m trainbench.cli accept --only llama3.1-fp8,deepseek_v3-bf16 \
+    --steps 8 --time-limit 70 --out "$work/accept_peaks"
+step accept_new 240 "$py" -m trainbench.cli accept --only checkpoint,profile,nemotronh-bf16 \
+    --steps 8 --time-limit 80 --out "$work/accept_new"
+step fp8_linear 90 "$py" bench/fp8_linear.py
+echo "done at +$(( $(date +%s) - start ))s" >> "$summary"; pack
