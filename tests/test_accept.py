@@ -194,3 +194,32 @@ def test_the_quick_acceptance_run_end_to_end_on_a_cpu(tmp_path):
     assert sorted(p.name for p in (out / "logs").iterdir()) == sorted(
         f"{label}.log" for label in status)
     assert processes_naming(str(out)) == []  # the stopped run left nothing behind
+
+
+def test_a_gpu_rows_memory_is_its_allocated_peak_beside_the_reserved_one(tmp_path):
+    """A GPU run's metrics.jsonl records the allocator's peak of allocated bytes each step
+    (engine/step_metrics.py): accept compares that with predict, which counts allocated
+    bytes, and lists the reserved peak beside it."""
+    from trainbench.accept.checks import allocated_peak_gib
+    from trainbench.engine.log import StepMetrics
+
+    def step(i: int, allocated: int | None) -> str:
+        return StepMetrics(iteration=i, total_iterations=3, lr=1e-4, global_batch_size=2,
+                           loss=5.0, grad_norm=1.0, step_time_s=0.3, tflops_per_gpu=400.0,
+                           tokens_per_s=1e4, peak_memory_bytes=55 * 2**30,
+                           memory_allocated_bytes=23 * 2**30, consumed_samples=2 * (i + 1),
+                           time=0.0, peak_allocated_bytes=allocated).to_json()
+    (tmp_path / "metrics.jsonl").write_text(
+        "\n".join([step(0, 40 * 2**30), step(1, 44 * 2**30), "not json", step(2, None)]) + "\n")
+    assert allocated_peak_gib(tmp_path) == 44.0
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    (cpu / "metrics.jsonl").write_text(step(0, None) + "\n")
+    assert allocated_peak_gib(cpu) is None
+    assert allocated_peak_gib(tmp_path / "missing") is None
+
+    row = _result("llama3.1-fp8", 0.28, 0.26, 44.0, 41.9)
+    row.memory_reserved_gib = 51.3
+    rep = Report(machine=H100, command="trainbench accept", started="now", rows=[row])
+    assert rep.findings == []  # 44 against 41.9: +5%; the reserved 51.3 would be +22%
+    assert "llama3.1-fp8: peak 44 GiB allocated, 51.3 GiB reserved by the allocator" in text(rep)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..planning import load_plan
+from ..rundir import METRICS_FILE
 from ..probe.profile import (MEMORY_METRIC, SUSTAINED_METRIC, ProbeError, load_profile,
                              rank_metrics)
 from ..results.summary import summarize_experiment
@@ -38,6 +39,10 @@ class RowResult:
     mfu_pct: float | None = None
     pred_mfu_pct: float | None = None
     memory_gib: float | None = None
+    """The peak predict is compared with: the allocator's peak of allocated bytes where
+    the run recorded it (a GPU's), else the peak its log reports."""
+    memory_reserved_gib: float | None = None
+    """Beside an allocated peak: the peak the allocator reserved (the log's)."""
     pred_memory_gib: float | None = None
     experiment: str | None = None
     log: str = ""
@@ -118,11 +123,34 @@ def _measure(res: RowResult, exp: Path | None) -> None:
     if r is None:
         return
     res.step_s, res.mfu_pct, res.memory_gib = r.step_time_mean_s, r.mfu_pct, r.peak_memory_gib
+    allocated = allocated_peak_gib(exp)
+    if allocated is not None:
+        # predict counts allocated bytes (its allowance stands for the allocator's
+        # caching); the reserved peak stays beside it.
+        res.memory_reserved_gib, res.memory_gib = res.memory_gib, allocated
     pred = predicted(load_plan(exp / "plan.json"))
     res.pred_step_s, res.pred_mfu_pct = pred["step_s"], pred["mfu_pct"]
     res.pred_memory_gib = pred["memory_gib"]
     if r.mfu_problem:
         res.detail = r.mfu_problem
+
+
+def allocated_peak_gib(exp: Path) -> float | None:
+    """The largest `peak_allocated_bytes` of the run's metrics.jsonl, in GiB: a GPU run
+    records it each step; a CPU run, or a file without it, gives None."""
+    try:
+        lines = (exp / METRICS_FILE).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    peaks = []
+    for line in lines:
+        try:
+            value = json.loads(line).get("peak_allocated_bytes")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            peaks.append(value)
+    return max(peaks) / 2**30 if peaks else None
 
 
 def train(ctx: Context, row: Row, res: RowResult) -> None:

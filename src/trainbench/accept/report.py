@@ -86,6 +86,9 @@ def _tail(report: Report) -> list[str]:
         for text in (r.note, r.detail):
             if text:
                 lines.append(f"{r.label}: {text}")
+        if r.memory_reserved_gib is not None:
+            lines.append(f"{r.label}: peak {r.memory_gib:.3g} GiB allocated, "
+                         f"{r.memory_reserved_gib:.3g} GiB reserved by the allocator")
     lines += [f"finding: {f}" for f in report.findings]
     lines += [f"skipped: {s}" for s in report.skipped]
     lines += report.notes
@@ -111,7 +114,8 @@ def markdown(report: Report) -> str:
            "Step time is the mean over the run's window (results' iterations); predict's "
            "figures are `trainbench predict` for the same plan with trainbench's engine as "
            f"the sharding. A gap over {100 * MISMATCH:.0f}% is a finding. MFU uses the "
-           "published FLOPs.", "",
+           "published FLOPs. Peak memory on a GPU is the allocator's peak of allocated "
+           "bytes, which predict counts (the reserved peak is listed below the table).", "",
            "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |"
             for r in report.rows]
