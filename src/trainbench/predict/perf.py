@@ -20,7 +20,8 @@ from .comm import (all_gather_s, all_reduce_s, crosses_domains, moe_dispatch_s, 
 from .constants import Constants
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, MegatronRun, make_context
 from .device import Device
-from .fp8_cost import EAGER_FLOAT8_CAST_BYTES, float8_gathered_params, layer_cast_bytes
+from .fp8_cost import (TORCHAO, Fp8Recipe, float8_gathered_params, fsdp_float8_gathers,
+                       layer_cast_bytes, weight_bytes)
 from .memory import MemoryPrediction, memory_from_context
 from .work import LayerWork, Linear
 
@@ -68,6 +69,8 @@ GRAD_ACCUMULATE_BYTES_PER_PARAM = 12.0
 # fp32), then a bf16-reduced shard is cast to fp32 (read 2, write 4).
 FSDP_CAST_BYTES_PER_SHARD_ELEMENT = 6.0
 FSDP_COPY_BYTES_PER_ELEMENT = 4.0
+# Only tensorwise scaling gathers in FP8 (fp8_cost.fsdp_float8_gathers).
+TORCHAO_TENSORWISE = Fp8Recipe(TORCHAO, "tensorwise")
 
 
 def gemm_efficiency(c: Constants, fp8: bool, lin: Linear) -> float:
@@ -338,8 +341,10 @@ def fsdp_pass_bytes(ctx: Context, rt: RankTime) -> float:
     else:
         accumulate = rt.params / n * GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1)
     # torchao's eager cast of each float8-gathered shard before its gather, and one amax
-    # pass over it a step (fp8_cost.weight_bytes' count).
-    float8_casts = fp8 / n * (gathers * EAGER_FLOAT8_CAST_BYTES + ctx.shape.act_bytes)
+    # pass over it a step: fp8_cost's count, a microbatch's bytes times the microbatches.
+    float8_casts = m * weight_bytes(1, fp8, TORCHAO_TENSORWISE, ctx.shape.act_bytes,
+                                    microbatches=m, fsdp_float8_gathers=fsdp_float8_gathers(ctx),
+                                    fsdp_shard=n) if fp8 else 0.0
     return gathers * per_gather + reductions * per_reduction + accumulate + float8_casts
 
 
