@@ -112,8 +112,8 @@ def backward_elements(n_experts: int, grouped_mm: bool, tokens: int = 512) -> in
     moe = MoE(spec)
     moe.init_weights(0.02)
     if grouped_mm:
-        moe.compute_experts = lambda rows, counts: grouped_swiglu(
-            rows, counts, moe.w1, moe.w3, moe.w2, grouped_mm=True)
+        moe.compute_experts = lambda rows, counts, weights: grouped_swiglu(
+            rows, counts, moe.w1, moe.w3, moe.w2, grouped_mm=True, weights=weights)
     x = torch.randn(1, tokens, spec.hidden, requires_grad=True)
     loss = moe(x).square().sum()
     with ElementsWritten() as written:
@@ -249,8 +249,8 @@ def test_the_grouped_moe_layer_runs_no_operator_that_syncs_a_gpu(spec):
     moe.train()
     x = torch.randn(2, 16, spec.hidden, requires_grad=True)
     for grouped in (True, False):
-        moe.compute_experts = lambda rows, counts, g=grouped: grouped_swiglu(
-            rows, counts, moe.w1, moe.w3, moe.w2, grouped_mm=g)
+        moe.compute_experts = lambda rows, counts, weights, g=grouped: grouped_swiglu(
+            rows, counts, moe.w1, moe.w3, moe.w2, grouped_mm=g, weights=weights)
         with OperatorNames() as ops:
             moe(x).square().sum().backward()
         if grouped:

@@ -152,12 +152,16 @@ def _moe_row(workload, size, dtype, gpu_type, gpus, layers, tp, pp, vp, ep, mbs,
 # PP4 x VP4: "Et*4|(tttt|)*14tL", the embedding and 4 layers, 14 stages of 4, the last layer
 # and the loss: the layout Megatron-Bridge's DeepSeek-V3 recipe picks for 16 stages
 # (recipes/deepseek/deepseek_v3.py, _get_deepseek_v3_pipeline_layout, its last stage
-# without the MTP layer for the rows published without MTP). PP2 x VP4 (8 stages): that
-# map has no entry and the GB300 row names none, so it stays refused.
+# without the MTP layer for the rows published without MTP). PP2 x VP4 (8 stages, the
+# GB300 BF16 row of 25.11): the row names no layout and that map has no (2, 4) entry; it
+# gives its two 8-stage entries, (8, 1) and (4, 2), one layout, "Et*8|(t*8|)*6t*5L", the
+# embedding and 8 layers, 6 stages of 8, 5 layers and the loss, which the row takes,
+# said as assumed in its note.
 _DSV3_LAYOUT = "uneven pipeline layout (Megatron pipeline_model_parallel_layout)"
 DSV3_SPLIT_32 = "Et|(tt|)*30mL"
 DSV3_SPLIT_16 = "Et*4|(tttt|)*14tL"
-DSV3_SPLITS = {32: DSV3_SPLIT_32, 16: DSV3_SPLIT_16}
+DSV3_SPLIT_8 = "Et*8|(t*8|)*6t*5L"
+DSV3_SPLITS = {32: DSV3_SPLIT_32, 16: DSV3_SPLIT_16, 8: DSV3_SPLIT_8}
 """The layouts above by PP x VP stage count (Megatron-Bridge's map gives every (pp, vp)
 of 16 stages the same layout), for predicting published rows."""
 
@@ -173,7 +177,10 @@ RECIPES += [
     _moe_row("pretrain_qwen3", "235b_a22b", "fp8", "h100", 256, 94, 2, 8, 4, 32, 1, 8192,
              MB_MOE_H100_260401),
     _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb300", 256, 61, 1, 2, 4, 32, 1, 4096,
-             MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT),
+             MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT + " not published, assumed: "
+             "Megatron-Bridge's 8-stage one (recipes/deepseek/deepseek_v3.py, its (8, 1) and "
+             "(4, 2) entries)",
+             pp_split=DSV3_SPLIT_8),
     _moe_row("pretrain_deepseek_v3", "671b", "bf16", "gb200", 256, 61, 1, 4, 4, 64, 1, 4096,
              MB_MOE_BF16_2511, "without MTP; " + _DSV3_LAYOUT, pp_split=DSV3_SPLIT_16),
     _moe_row("pretrain_qwen3", "235b_a22b", "bf16", "gb300", 256, 94, 1, 4, 12, 16, 2, 8192,

@@ -80,10 +80,11 @@ class BalancedRoutingFakeMode(FakeTensorMode):
 
 
 def _with_rows(compute):
-    def compute_experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def compute_experts(rows: torch.Tensor, counts: torch.Tensor,
+                        weights: torch.Tensor | None = None) -> torch.Tensor:
         token = _layer_rows.set(rows.shape[0])
         try:
-            return compute(rows, counts)
+            return compute(rows, counts, weights)
         finally:
             _layer_rows.reset(token)
     return compute_experts

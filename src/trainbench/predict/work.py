@@ -295,12 +295,13 @@ def _moe_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
     # The down projection's input: the engine's routed experts (torchao's rowwise grouped
     # GEMM) keep it in bf16, its shared expert's FP8 down projection as gb says.
     routed_gb = b if sh.engine else c.gb
-    # The weighted combine keeps the routed rows' expert outputs, which the gate weights'
-    # gradient reads: the engine's (engine/models/moe_rows.py, counted by
-    # tests/test_moe_saved.py) and Megatron's (Transformer Engine's moe_unpermute with
-    # merging probs saves its input: pytorch/permutation.py, _moe_unpermute_mask_map).
-    gated = h * b
-    kept = (((2.0 * b + routed_gb) * f + h * b + gated) * rows
+    # No expert output is kept: the gate weights scale the experts' activation, before
+    # the down projection, in the engine (MoE.activate, counted by tests/test_moe_saved.py)
+    # and in Megatron-Core (TEGroupedMLP applies the permuted probs in
+    # weighted_bias_swiglu_impl; its dispatcher unpermutes without them), so the combine
+    # is a plain sum that keeps only indices. Kept per routed row: the GEMMs' input, gate
+    # and up, the down projection's input.
+    kept = (((2.0 * b + routed_gb) * f + h * b) * rows
             + ((2.0 * b + c.gb) * f + h * b) * shared_rows + E * mine * 4)
     # The norm's input and output stay on the rank's tokens: nothing gathers them. The
     # engine's bf16 router keeps the norm output in bf16 whatever its FP8 linears keep.

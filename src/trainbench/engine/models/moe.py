@@ -29,7 +29,7 @@ from torch import nn
 from trainbench.catalog.models import ModelSpec
 from trainbench.engine.models.transformer import MLP
 
-from .moe_rows import scatter_rows, weighted_combine
+from .moe_rows import combine_rows, scatter_rows
 
 INIT_STD = 0.02
 
@@ -225,24 +225,35 @@ def pad_token_groups(counts: torch.Tensor, alignment: int, rows: int
     return dest, padded_ends.to(torch.int32), -(-bound // alignment) * alignment
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """The experts' activation, silu(gate) * up: MoE.activate, which
-    parallel.keep_only_inputs_of_cheap_ops makes keep only gate and up for the backward,
-    as it does the dense MLP's."""
-    return F.silu(gate) * up
+def swiglu(gate: torch.Tensor, up: torch.Tensor,
+           weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The experts' activation, silu(gate) * up, times each row's gate weight [rows, 1]
+    where one is given: MoE.activate, which parallel.keep_only_inputs_of_cheap_ops makes
+    keep only its inputs for the backward, as it does the dense MLP's.
+
+    The gate weight is applied here, before the down projection, not to the expert's
+    output: the down projection is linear, so the output is the same, and the weight's
+    gradient then reads the activation (rerun from gate and up) instead of a kept
+    [rows, hidden] expert output. Megatron-Core does the same (TEGroupedMLP's
+    weighted_bias_swiglu_impl on the permuted probs; its token dispatcher unpermutes
+    without them)."""
+    out = F.silu(gate) * up
+    return out if weight is None else out * weight
 
 
 def _grouped_swiglu(x: torch.Tensor, offs: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                    w2: torch.Tensor, activate=swiglu) -> torch.Tensor:
+                    w2: torch.Tensor, activate=swiglu,
+                    weights: torch.Tensor | None = None) -> torch.Tensor:
     """One torch._grouped_mm per projection over rows grouped by `offs` (group ends).
     The weights are passed transposed, [E, in, out] column-major, as the FP8 forms want."""
     def mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
-    return mm(activate(mm(x, w1), mm(x, w3)), w2)
+    return mm(activate(mm(x, w1), mm(x, w3), weights), w2)
 
 
 def _loop_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                 w2: torch.Tensor, activate=swiglu) -> torch.Tensor:
+                 w2: torch.Tensor, activate=swiglu,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
     """Expert by expert, for devices without a grouped GEMM. Each weight is split into its
     experts once (`unbind`): its backward stacks the E expert gradients once, O(E f h).
     Indexing the parameter inside the loop (`w1[e]`) would cost a whole [E, f, h] zero
@@ -250,14 +261,16 @@ def _loop_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: to
     # One host read of the counts per layer: the loop needs the split sizes.
     sizes = counts.tolist()
     experts = zip(w1.unbind(0), w3.unbind(0), w2.unbind(0))
-    outs = [activate(rows @ g.T, rows @ u.T) @ d.T
-            for rows, (g, u, d) in zip(x.split(sizes), experts) if rows.shape[0]]
+    row_weights = weights.split(sizes) if weights is not None else [None] * len(sizes)
+    outs = [activate(rows @ g.T, rows @ u.T, weight) @ d.T
+            for rows, weight, (g, u, d) in zip(x.split(sizes), row_weights, experts)
+            if rows.shape[0]]
     return torch.cat(outs) if outs else x.new_zeros(0, w2.shape[1])
 
 
 def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                    w2: torch.Tensor, grouped_mm: bool | None = None,
-                   activate=swiglu) -> torch.Tensor:
+                   activate=swiglu, weights: torch.Tensor | None = None) -> torch.Tensor:
     """SwiGLU of rows x [N, d] sorted by expert, expert e taking the next counts[e] rows:
     (silu(x W1_e^T) * x W3_e^T) W2_e^T with W1, W3 [E, f, d] and W2 [E, d, f], each
     expert's weight [out, in] as an nn.Linear's (and Hugging Face's) is.
@@ -269,7 +282,8 @@ def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: 
     host read, and the padding rows dropped from the output.
 
     `grouped_mm` forces one path (tests compare them); None picks by expert_path.
-    `activate(gate, up)` is the activation (an MoE layer passes its own, MoE.activate)."""
+    `activate(gate, up, weight)` is the activation (an MoE layer passes its own,
+    MoE.activate); `weights` [N, 1], each row's gate weight, is handed to it (None: none)."""
     if x.shape[0] == 0:
         return x.new_zeros(0, w2.shape[1])
     low = _low_precision(w1)
@@ -277,18 +291,23 @@ def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: 
         grouped_mm = _expert_path_for(x, w1) == "grouped"
     dtype = compute_dtype(x)
     x = x.to(dtype)
+    if weights is not None:
+        weights = weights.to(dtype)
     if not low:
         w1, w3, w2 = (w.to(dtype) for w in (w1, w3, w2))
     with torch.autocast(x.device.type, enabled=False):
         if not grouped_mm:
-            return _loop_swiglu(x, counts, w1, w3, w2, activate)
+            return _loop_swiglu(x, counts, w1, w3, w2, activate, weights)
         alignment = GROUP_ALIGNMENT.get(type(w1).__name__)
         if alignment is None:
             return _grouped_swiglu(x, torch.cumsum(counts, 0, dtype=torch.int32), w1, w3, w2,
-                                   activate)
+                                   activate, weights)
         dest, offs, rows = pad_token_groups(counts, alignment, x.shape[0])
         padded = scatter_rows(x, dest, rows)
-        return _grouped_swiglu(padded, offs, w1, w3, w2, activate).index_select(0, dest)
+        if weights is not None:
+            weights = scatter_rows(weights, dest, rows)
+        return _grouped_swiglu(padded, offs, w1, w3, w2, activate,
+                               weights).index_select(0, dest)
 
 
 # ------------------------------------------------------------------------ module
@@ -372,11 +391,13 @@ class MoE(nn.Module):
         the whole sequence's loss."""
         return counts
 
-    def compute_experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Routed experts on rows sorted by expert (counts [E]); the hook that expert
-        parallelism (engine/parallel/ep.py) replaces with its dispatch and combine."""
+    def compute_experts(self, rows: torch.Tensor, counts: torch.Tensor,
+                        weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Routed experts on rows sorted by expert (counts [E]), each row's output scaled
+        by its gate weight (weights [rows, 1]); the hook that expert parallelism
+        (engine/parallel/ep.py) replaces with its dispatch and combine."""
         return grouped_swiglu(rows, counts, self.w1, self.w3, self.w2,
-                              activate=self.activate)
+                              activate=self.activate, weights=weights)
 
     activate = staticmethod(swiglu)
     """The experts' activation; parallel.keep_only_inputs_of_cheap_ops wraps it."""
@@ -401,10 +422,10 @@ class MoE(nn.Module):
         token_of = order // k
         # Rows in the experts' compute dtype before the gather (and EP's all-to-all):
         # under autocast a cast of the T tokens, not of the T*k rows.
-        rows = tokens.to(compute_dtype(tokens))[token_of]
-        expert_out = self.compute_experts(rows, counts)
-        gate = weights.flatten()[order].unsqueeze(-1).to(expert_out.dtype)
-        out = weighted_combine(expert_out, gate, token_of, tokens.shape[0])
+        dtype = compute_dtype(tokens)
+        rows = tokens.to(dtype)[token_of]
+        gate = weights.flatten()[order].unsqueeze(-1).to(dtype)
+        out = combine_rows(self.compute_experts(rows, counts, gate), token_of, tokens.shape[0])
         if self.shared is not None:
             out = out + self.shared(tokens)
         out = out.to(x.dtype).view(b, s, h)

@@ -1,13 +1,13 @@
 """The MoE layer's row movements, written as autograd functions that keep for the
 backward only what the backward reads.
 
-Left to autograd, each of these keeps a whole [rows, hidden] tensor it never reads
-again: `index_copy` keeps its source, `index_add_` the weighted expert outputs. Their
-backwards need only the indices and the gate weights with the expert outputs they scale.
-(The experts' activation keeps only its two inputs through MoE.activate, which
-parallel.keep_only_inputs_of_cheap_ops reruns in the backward like the dense MLP's.)
-Traced at Qwen3 235B-A22B's width (`check`, 16,384 routed rows a microbatch), what the
-three would otherwise keep is 0.4 GiB per MoE layer per microbatch in flight."""
+Left to autograd, `index_copy` keeps its source, a whole [rows, hidden] tensor it never
+reads again; both backwards need only the indices. (The gate weights scale each row
+inside the experts' activation, MoE.activate, which keeps only its inputs and is rerun
+in the backward like the dense MLP's: the combine below is a plain sum and keeps no
+expert output for the weights' gradient.) Traced at Qwen3 235B-A22B's width (`check`,
+16,384 routed rows a microbatch), the source and the expert outputs were 0.4 GiB per
+MoE layer per microbatch in flight."""
 
 from __future__ import annotations
 
@@ -28,31 +28,25 @@ class _ScatterRows(torch.autograd.Function):
         return grad.index_select(0, dest), None, None
 
 
-class _WeightedCombine(torch.autograd.Function):
-    """sum over a token's rows of gate x expert output: out[t] = sum_{r: token_of[r] = t}
-    gate[r] * expert_out[r], for `tokens` tokens. Keeps the expert outputs (the gate's
-    gradient reads them), the gates and the indices; not their product."""
+class _CombineRows(torch.autograd.Function):
+    """The sum over a token's rows: out[t] = sum_{r: token_of[r] = t} rows[r], for `tokens`
+    tokens. Keeps only the indices."""
 
     @staticmethod
-    def forward(ctx, expert_out: torch.Tensor, gate: torch.Tensor, token_of: torch.Tensor,
-                tokens: int) -> torch.Tensor:
-        ctx.save_for_backward(expert_out, gate, token_of)
-        out = expert_out.new_zeros(tokens, expert_out.shape[1])
-        return out.index_add_(0, token_of, expert_out * gate)
+    def forward(ctx, rows: torch.Tensor, token_of: torch.Tensor, tokens: int) -> torch.Tensor:
+        ctx.save_for_backward(token_of)
+        return rows.new_zeros(tokens, rows.shape[1]).index_add_(0, token_of, rows)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        expert_out, gate, token_of = ctx.saved_tensors
-        per_row = grad.index_select(0, token_of)
-        grad_gate = (per_row * expert_out).sum(-1, keepdim=True).to(gate.dtype)
-        return per_row * gate, grad_gate, None, None
+        (token_of,) = ctx.saved_tensors
+        return grad.index_select(0, token_of), None, None
 
 
 def scatter_rows(x: torch.Tensor, dest: torch.Tensor, rows: int) -> torch.Tensor:
     return _ScatterRows.apply(x, dest, rows)
 
 
-def weighted_combine(expert_out: torch.Tensor, gate: torch.Tensor, token_of: torch.Tensor,
-                     tokens: int) -> torch.Tensor:
-    return _WeightedCombine.apply(expert_out, gate, token_of, tokens)
+def combine_rows(rows: torch.Tensor, token_of: torch.Tensor, tokens: int) -> torch.Tensor:
+    return _CombineRows.apply(rows, token_of, tokens)
 

@@ -20,7 +20,7 @@ its way in (`_ScaleGrad`); with TP's factor tp on the layer's output gradient
 (FSDP's own divide factor would do the same but needs ReduceOp.PREMUL_SUM, which gloo
 lacks.)
 
-The model code only offers the hooks: `MoE.compute_experts(rows, counts)`, replaced here
+The model code only offers the hooks: `MoE.compute_experts(rows, counts, weights)`, replaced here
 per layer, as context parallelism replaces `attend`, and `MoE.sequence_counts`.
 """
 
@@ -37,24 +37,30 @@ from trainbench.engine.models.moe import grouped_swiglu, moe_layers
 EXPERT_WEIGHTS = ("w1", "w3", "w2")
 
 
+def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
+                           input_split_sizes=send, group=group)
+    return out
+
+
 class _AllToAll(torch.autograd.Function):
-    """Rows x go out in `send` sized blocks (one per rank of `group`) and `recv` sized
-    blocks come in; backward sends the gradients back along the same routes."""
+    """Each of the row tensors xs goes out in `send` sized blocks (one per rank of
+    `group`) and comes in as `recv` sized blocks; backward sends their gradients back
+    along the same routes. One function for all of them: its backward runs their
+    exchanges together, in one order on every rank, where separate functions' backwards
+    could be reached in different orders on ranks whose graphs differ (one that got no
+    rows) and wait on each other."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    def forward(ctx, send: list[int], recv: list[int], group, *xs: torch.Tensor):
         ctx.send, ctx.recv, ctx.group = send, recv, group
-        out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv,
-                               input_split_sizes=send, group=group)
-        return out
+        return tuple(_exchange(x, send, recv, group) for x in xs)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        back = grad.new_empty((sum(ctx.send),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), output_split_sizes=ctx.send,
-                               input_split_sizes=ctx.recv, group=ctx.group)
-        return back, None, None, None
+    def backward(ctx, *grads: torch.Tensor):
+        return (None, None, None) + tuple(_exchange(g, ctx.recv, ctx.send, ctx.group)
+                                          for g in grads)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -73,16 +79,18 @@ def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
     return _ScaleGrad.apply(x, scale)
 
 
-def all_to_all(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
-    return _AllToAll.apply(x, send, recv, group)
+def all_to_all(xs: tuple[torch.Tensor, ...], send: list[int], recv: list[int],
+               group) -> tuple[torch.Tensor, ...]:
+    return _AllToAll.apply(send, recv, group, *xs)
 
 
 def dispatch_compute_combine(rows: torch.Tensor, counts: torch.Tensor, experts, group,
-                             ep: int) -> torch.Tensor:
+                             ep: int, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Rows [N, d] sorted by global expert id (counts [E] per expert) -> expert outputs
     [N, d] in the same order, the experts living on the ep ranks of `group` (rank r holds
-    experts r*E/ep ... (r+1)*E/ep - 1). `experts(rows, local_counts)` computes this
-    rank's experts on rows sorted by local expert."""
+    experts r*E/ep ... (r+1)*E/ep - 1). `experts(rows, local_counts, weights)` computes
+    this rank's experts on rows sorted by local expert; the rows' gate weights [N, 1]
+    (or None) travel with them, as Megatron's dispatcher sends the permuted probs."""
     n_local = counts.numel() // ep
     # Rows for rank r are contiguous: they are sorted by expert and r's experts are a block.
     received = torch.empty_like(counts)
@@ -90,14 +98,16 @@ def dispatch_compute_combine(rows: torch.Tensor, counts: torch.Tensor, experts, 
     per_source = received.view(ep, n_local)  # [source rank, local expert]
     send = counts.view(ep, n_local).sum(1).tolist()
     recv = per_source.sum(1).tolist()
-    inbound = all_to_all(rows, send, recv, group)
+    outbound = (rows,) if weights is None else (rows, weights)
+    inbound = all_to_all(outbound, send, recv, group)
     # Inbound rows come grouped by source, then by expert: regroup them by expert.
     local_expert = torch.repeat_interleave(
         torch.arange(n_local, device=rows.device).repeat(ep), per_source.flatten())
     order = torch.argsort(local_expert, stable=True)
-    out = experts(inbound[order], per_source.sum(0))
+    out = experts(inbound[0][order], per_source.sum(0),
+                  inbound[1][order] if weights is not None else None)
     out = out[torch.argsort(order)]
-    return all_to_all(out, recv, send, group)
+    return all_to_all((out,), recv, send, group)[0]
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:
@@ -105,9 +115,10 @@ def _local(w: torch.Tensor) -> torch.Tensor:
 
 
 def _ep_compute(moe: nn.Module, group, ep: int):
-    def experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def experts(rows: torch.Tensor, counts: torch.Tensor,
+                weights: torch.Tensor | None) -> torch.Tensor:
         w1, w3, w2 = (scale_grad(_local(getattr(moe, n)), 1.0 / ep) for n in EXPERT_WEIGHTS)
-        out = grouped_swiglu(rows, counts, w1, w3, w2, activate=moe.activate)
+        out = grouped_swiglu(rows, counts, w1, w3, w2, activate=moe.activate, weights=weights)
         if rows.shape[0] == 0:
             # No token for any local expert. A zero term still gives the weights a
             # gradient, so every rank joins the same gradient reduce-scatters; and it
@@ -116,10 +127,13 @@ def _ep_compute(moe: nn.Module, group, ep: int):
             # still runs both all-to-alls' backward here, as the ranks that did get
             # rows do. Without `rows`, such a rank skipped them and its peer hung.
             out = out + 0 * (w1.sum() + w3.sum() + w2.sum() + rows.sum())
+            if weights is not None:
+                out = out + 0 * weights.sum()
         return out
 
-    def compute_experts(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        return dispatch_compute_combine(rows, counts, experts, group, ep)
+    def compute_experts(rows: torch.Tensor, counts: torch.Tensor,
+                        weights: torch.Tensor | None = None) -> torch.Tensor:
+        return dispatch_compute_combine(rows, counts, experts, group, ep, weights)
     return compute_experts
 
 
