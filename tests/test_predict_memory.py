@@ -5,7 +5,8 @@ import pytest
 from trainbench.catalog.models import parameter_count
 from trainbench.planning import build_plan
 from trainbench.predict.device import GIB
-from trainbench.predict.memory import fits, in_flight_chunks, predict_memory, tensor_bytes
+from trainbench.predict.memory import (activations_in_flight, fits, in_flight_chunks,
+                                       predict_memory, tensor_bytes)
 
 
 def plan(workload, size, dtype, scale, **overrides):
@@ -84,6 +85,21 @@ def test_in_flight_microbatches_follow_the_schedules():
     per_chunk = layers // (p * v)
     assert in_flight_chunks(p, v, 0, 64) * per_chunk == pytest.approx(
         layers * (1 + (p - 1) / (p * v)), rel=0.02)
+
+
+def test_activations_in_flight_count_each_virtual_stages_forwards():
+    """PP2 x VP2, rank 0, 4 microbatches, its two virtual stages keeping 1 and 10 bytes a
+    microbatch. Forwards run stages 0, 0, 1, 1, 0, 0, 1, 1 (rounds of pp microbatches),
+    backwards free stages 1, 1, 0, 0, ...; the warm-up is 4 forwards, so at the first
+    backward microbatches 0 and 1 are held at both stages and microbatch 2 at stage 0:
+    2 x 1 + 2 x 10 + 1 = 23 bytes (the largest stage and 4 at the mean: 32). No later
+    moment holds more: forward 7 (stage 1) comes after stage 1's backwards of 0 and 1."""
+    assert activations_in_flight([1.0, 10.0], 2, 2, 0, 4) == 23.0
+    # One virtual stage: the forwards in flight times the stage's bytes.
+    assert activations_in_flight([3.0], 8, 1, 2, 16) == 3.0 * in_flight_chunks(8, 1, 2, 16)
+    assert activations_in_flight([3.0], 1, 1, 0, 16) == 3.0
+    # Equal virtual stages: in flight times one stage, the count the schedule gives.
+    assert activations_in_flight([2.0] * 5, 4, 5, 0, 64) == 2.0 * in_flight_chunks(4, 5, 0, 64)
 
 
 def test_recomputation_shrinks_activations():
@@ -243,3 +259,26 @@ def test_offload_is_refused_under_pipeline_parallelism():
     assert pp.layout.pp > 1
     with pytest.raises(ValueError, match="PP1 only"):
         predict_memory(pp, sharding="recipe", megatron=MegatronRun(offload_layers=4))
+
+
+def test_mla_keeps_its_latents_and_the_out_projections_input_by_hand():
+    """DeepSeek-V3 671B at TP2 with sequence parallelism, one 4,096-token microbatch,
+    selective (up-projection) recompute: an MLA layer keeps, per microbatch, the norm's
+    input and its output's sequence shard (7168 x 2048 bf16 each), the latents on the
+    whole sequence (q's before and after its norm 2 x 1536, kv's 2 x 512, the RoPE key 64;
+    bf16), and the out projection's input, this rank's 64 heads x v_head_dim 128: its FP8
+    copy in the eager engine, bf16 in the compiled one; Megatron's recompute discards that
+    output and its FP8 out projection keeps an FP8 copy, beside an FP8 norm output."""
+    from trainbench.predict.context import make_context
+    from trainbench.predict.memory import _kept
+    over = {"layers": 4, "pp": 1, "vp": 1, "tp": 2, "ep": 64}
+    norm = 7168 * 2048
+    latents = (2 * 1536 + 2 * 512 + 64) * 4096 * 2
+    out = 64 * 128 * 4096
+    for compile_, out_bytes in ((False, 1), (True, 2)):
+        p = build_plan("pretrain_deepseek_v3", "671b", "fp8", 128, "h100",
+                       overrides={**over, "compile": compile_})
+        engine = make_context(p, sharding="engine")
+        assert _kept(engine, "attention", "selective") == 2 * 2 * norm + latents + out * out_bytes
+    recipe = make_context(p, sharding="recipe")
+    assert _kept(recipe, "attention", "selective") == (2 + 1) * norm + latents + out * 1

@@ -33,6 +33,7 @@ from ..engine.trainer import Trainer
 from ..layout import rank_coordinates, rank_stages
 from ..plan import Plan
 from ..predict.memory import GATHERED_VIRTUAL_STAGES, stage_message_shape
+from .fused_attention import fused_attention_memory
 from .grouped_fp8 import fake_fp8_grouped_kernels
 from .routing import BalancedRoutingFakeMode, balanced_routing
 
@@ -422,8 +423,9 @@ def _cp_memory_standin():
 def _trace_standins(trainer, plan: Plan, pipeline: bool) -> contextlib.ExitStack:
     """The fake mode a rank's step is traced under, with the stand-ins above: CP's mask,
     the pipeline's neighbours, DTensor's own propagation mode, the MoE layers' balanced
-    routing (check/routing.py) and torchao's FP8 grouped GEMM kernels
-    (check/grouped_fp8.py)."""
+    routing (check/routing.py), torchao's FP8 grouped GEMM kernels
+    (check/grouped_fp8.py) and the fused attention kernel of MLA's narrower value heads
+    (check/fused_attention.py)."""
     with contextlib.ExitStack() as stack:  # undoes what was entered if one fails
         stack.enter_context(BalancedRoutingFakeMode(allow_non_fake_inputs=True))
         stack.enter_context(_cp_memory_standin())
@@ -432,6 +434,7 @@ def _trace_standins(trainer, plan: Plan, pipeline: bool) -> contextlib.ExitStack
         stack.enter_context(_dtensor_propagation_untracked())
         stack.enter_context(balanced_routing(trainer.model_parts))
         stack.enter_context(fake_fp8_grouped_kernels())
+        stack.enter_context(fused_attention_memory())
         return stack.pop_all()
 
 

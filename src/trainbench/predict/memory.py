@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from ..plan import FP8_DTYPES, Plan
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import GIB
-from .work import block_kinds, logits_bytes
+from .work import block_kinds, fp8_input_bytes, logits_bytes
 
 
 # Transformer Engine keeps an FP8 copy of each FP8 layer's weight across the microbatches
@@ -170,6 +170,30 @@ def in_flight_chunks(pp: int, vp: int, rank: int, microbatches: int) -> int:
     return min(microbatches * vp, warmup + 1)
 
 
+def activations_in_flight(per_chunk: list[float], pp: int, vp: int, rank: int,
+                          microbatches: int) -> float:
+    """The most activation bytes rank `rank` holds at once, its virtual stages keeping
+    per_chunk[v] bytes a microbatch, walked through the schedule's order: the interleaved
+    schedule runs rounds of pp microbatches, so forward k runs virtual stage
+    (k // pp) % vp and backward k frees vp - 1 - (k // pp) % vp (Megatron-LM's
+    get_model_chunk_id; torch's ScheduleInterleaved1F1B the same for a multiple of pp
+    microbatches); after the warm-up's forwards each forward is followed by a backward.
+    Where a rank's stages differ (DeepSeek-V3's first stage has one dense layer where
+    the others have two MoE layers) the count of each stage's forwards in flight
+    matters, not only their number."""
+    held = peak = 0.0
+    total = microbatches * vp
+    warmup = min(total, in_flight_chunks(pp, vp, rank, microbatches) - 1)
+    freed = 0
+    for k in range(total):
+        held += per_chunk[(k // pp) % vp]
+        peak = max(peak, held)
+        if k >= warmup:
+            held -= per_chunk[vp - 1 - (freed // pp) % vp]
+            freed += 1
+    return peak
+
+
 def stage_message_shape(plan: Plan) -> tuple[int, int, int]:
     """What one pipeline stage sends the next per microbatch: this rank's hidden states,
     the sequence cut over CP and, under sequence parallelism, over TP."""
@@ -235,8 +259,10 @@ def _kept(ctx: Context, kind: str, recompute: str) -> float:
         return lw.input_bytes
     if recompute == "selective" and kind == "attention":
         if ctx.plan.model.is_mla:
-            # Megatron's and the engine's: the heads rebuilt from the latents.
-            return lw.act_bytes - mla_up_projection_bytes(ctx)
+            # Megatron's and the engine's: the heads and core attention rebuilt from the
+            # latents; the core's output is kept by the out projection alone.
+            return (lw.act_bytes - mla_up_projection_bytes(ctx) - lw.attn_out_bytes
+                    + mla_output_kept_bytes(ctx))
         # Megatron's selective recompute re-runs core attention (Korthikanti et al. 2022):
         # with flash attention that drops its output and softmax statistics.
         return lw.act_bytes - lw.attn_out_bytes
@@ -263,6 +289,19 @@ def mla_up_projection_bytes(ctx: Context) -> float:
     up = m.heads * (2 * qk + m.v_head_dim) / t * tok * b
     latents = (2 * (m.q_lora_rank or 0) + 2 * m.kv_lora_rank + m.qk_rope_head_dim) * tok * b
     return up - latents
+
+
+def mla_output_kept_bytes(ctx: Context) -> float:
+    """What keeps MLA's core-attention output under its up-projection recompute, per layer
+    and microbatch. The engine: its out projection keeps its input, the FP8 copy where its
+    FP8 linears keep one (engine/parallel/float8_input.py; the core's output is then kept
+    by nothing else), else bf16. Megatron: its recompute discards the output after the out
+    projection ran and rebuilds it for the backward (CheckpointWithoutOutput); under FP8
+    the out projection keeps its FP8 copy, which _attention_work already counts."""
+    m, sh = ctx.plan.model, ctx.shape
+    if not sh.engine:
+        return 0.0
+    return m.heads * m.v_head_dim / sh.tp * sh.tokens * fp8_input_bytes(sh)
 
 
 def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ...]:
@@ -340,9 +379,7 @@ def rank_memory(ctx: Context, rank: int) -> MemoryPrediction:
     kept = {k: _kept(ctx, k, recompute) for k in kinds}
     per_chunk = [sum(kept[k] * n for k, n in chunk.items()) for chunk in chunks]
     in_flight = in_flight_chunks(lay.pp, lay.vp, rank, ctx.microbatches)
-    average_chunk = sum(per_chunk) / len(per_chunk)
-    # Chunks run round-robin; the first forward holds chunk 0 (with the embedding).
-    activations = max(per_chunk) + (in_flight - 1) * average_chunk
+    activations = activations_in_flight(per_chunk, lay.pp, lay.vp, rank, ctx.microbatches)
     # Offloading keeps the first layers' activations in host memory (PP1: one microbatch in
     # flight, check_megatron_run), so the GPU holds the rest.
     activations -= sum(kept[k] for unit in block_kinds(plan.model)[:ctx.megatron.offload_layers]

@@ -180,6 +180,12 @@ class _Common:
     gather: float
 
 
+def fp8_input_bytes(sh: Shape) -> int:
+    """Bytes an element of an FP8 linear's input kept for the backward: the FP8 copy (1)
+    where the recipe keeps it (_common), else the activation dtype's."""
+    return 1 if sh.fp8 and (not sh.engine or sh.fp8_input_kept) else sh.act_bytes
+
+
 def _common(m: ModelSpec, sh: Shape) -> _Common:
     t, tok, b = sh.tp, sh.tokens, sh.act_bytes
     h = m.hidden
@@ -191,7 +197,7 @@ def _common(m: ModelSpec, sh: Shape) -> _Common:
     # and so does the engine under tensorwise scaling (fp8_input_kept). torchao's own
     # float8 linear (the engine's rowwise recipe) keeps the high-precision input and
     # casts it again in the backward (matmul_with_hp_or_float8_args saves input_hp).
-    gb = 1 if sh.fp8 and (not sh.engine or sh.fp8_input_kept) else b
+    gb = fp8_input_bytes(sh)
     # Layer input and norm output, kept on tokens/tp: Megatron gathers the norm output again
     # for the weight gradient (four all-gathers and reduce-scatters per transformer layer),
     # and so does the engine (engine/parallel/tp.py, GatherSequence), which keeps the
@@ -217,8 +223,13 @@ def _attention_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
     q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
     rope = 4.0 * (q + kv) * tok / t if m.position_embedding == "rope" else 0.0
     hbm = (c.norm_residual + rope) * b
-    # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32).
-    attn_out = (q * tok / t) * b + m.heads / t * tok * 4
+    # Flash attention keeps q, k, v, its output and the softmax log-sum-exp (fp32). MLA's
+    # keys are as wide as its queries (nope + rope), its values and output v_head_dim.
+    qkv, out = q + 2 * kv, q
+    if m.is_mla:
+        qkv = m.heads * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.v_head_dim)
+        out = m.heads * m.v_head_dim
+    attn_out = (out * tok / t) * b + m.heads / t * tok * 4
     if sh.engine and sh.cp > 1:
         # The engine's all-gather CP keeps the chunks' outputs beside their
         # concatenation, the out projection's input; like Megatron's ring it keeps
@@ -226,9 +237,9 @@ def _attention_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
         # the backward (parallel/cp.py). Selective recompute drops both with the core.
         # The concatenation is the out-projection's input alone: FP8 under gb.
         attn_out += q * tok / t * c.gb
-    act = c.norm_saved + (q + 2 * kv) * tok / t * b + attn_out
+    act = c.norm_saved + qkv * tok / t * b + attn_out
     if sh.fp8 and not sh.engine:
-        act += q * tok / t  # the FP8 copy of the output, the out-projection's input
+        act += out * tok / t  # the FP8 copy of the output, the out-projection's input
     params = h * (q + 2 * kv) / t + q * h / t + (2 * h if m.norm == "layernorm1p" else h)
     if m.is_mla:
         # MLA's own projections (replicated down, TP-split up and out) and its three
