@@ -192,6 +192,17 @@ class Plan:
         step's last backward: under PP and dp_sharding=optimizer."""
         return self.layout.pp > 1 or self.dp_sharding == "optimizer"
 
+    def fsdp_gathers_per_step(self, microbatches: int) -> int:
+        """All-gathers of each of the engine's FSDP units a step: one while its weights
+        stay gathered (weights_kept_gathered), else one for the forward and one for the
+        backward of every microbatch (FSDP2's default)."""
+        return 1 if self.weights_kept_gathered else 2 * microbatches
+
+    def fsdp_reductions_per_step(self, microbatches: int) -> int:
+        """Reduce-scatters of each of the engine's FSDP units' gradients a step: one after
+        the last backward (gradients_reduced_once), else one every microbatch."""
+        return 1 if self.gradients_reduced_once else microbatches
+
     @property
     def reduce_bytes(self) -> int:
         """Bytes per element of the gradients FSDP2 accumulates whole and reduces: the

@@ -150,7 +150,7 @@ def fsdp_float8_gathers(ctx) -> float:
     plan = ctx.plan
     if not (ctx.shape.engine and plan.dtype == "fp8" and plan.fp8_recipe == "tensorwise"):
         return 0.0
-    return 1 / ctx.microbatches if plan.weights_kept_gathered else 2.0
+    return plan.fsdp_gathers_per_step(ctx.microbatches) / ctx.microbatches
 
 
 def float8_gathered_params(lw, ctx) -> float:

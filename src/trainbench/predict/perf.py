@@ -285,7 +285,7 @@ def data_parallel_time(ctx: Context, rt: RankTime, t_mb: float) -> tuple[float, 
         # The engine under PP or dp_sharding=gradients|optimizer: each unit is gathered
         # once per step; its gradients are reduce-scattered once, after the last
         # microbatch (PP, optimizer), or every microbatch (gradients; see memory.py).
-        reductions = 1 if ctx.plan.gradients_reduced_once else ctx.microbatches
+        reductions = ctx.plan.fsdp_reductions_per_step(ctx.microbatches)
         e_f, h_f = _exposed(ag, 1 / 3 * t_mb, units, c)
         e_b, h_b = _exposed(rs, 2 / 3 * t_mb, units, c)
         exposed, hidden = e_f + e_b * reductions, h_f + h_b * reductions
@@ -329,8 +329,7 @@ def fsdp_pass_bytes(ctx: Context, rt: RankTime) -> float:
     else:
         per_gather = (plain * ((FSDP_CAST_BYTES_PER_SHARD_ELEMENT + copy) / n + copy)
                       + fp8 * (copy / 2 / n + copy / 2))
-    gathers = 1 if plan.weights_kept_gathered else 2 * m
-    reductions = 1 if plan.gradients_reduced_once else m
+    gathers, reductions = plan.fsdp_gathers_per_step(m), plan.fsdp_reductions_per_step(m)
     per_reduction = rt.params * (2.0 + plan.reduce_bytes)
     if plan.reduce_bytes == 2:
         per_reduction += rt.params * 6.0 / n
