@@ -215,17 +215,17 @@ def heldout_diagnostics(constants: Constants) -> dict[str, float]:
     """What dominates the held-out error: the mean |error| again with one kind of
     non-GEMM work charged at its H100 speed instead of scaled by the spec sheet (flash
     attention and the scan by the BF16 peak, memory-bound kernels by the HBM bandwidth),
-    and with B200's FP8 GEMMs at the share of their burst rate GB200's sustain
-    (catalog.measured.GB200_FP8_SUSTAINED_SHARE; B200 has no sustained figure).
-    A diagnosis, not a fit: no figure here feeds a prediction."""
+    and with B200's GEMMs at their burst rate, not the clock it sustains
+    (catalog.measured.B200_SUSTAINED_CLOCK_SHARE). A diagnosis, not a fit: no figure here
+    feeds a prediction."""
     from dataclasses import replace
 
     from trainbench.catalog import hardware
-    from trainbench.catalog.measured import GB200_FP8_SUSTAINED_SHARE
+    from trainbench.catalog.measured import B200_SUSTAINED_CLOCK_SHARE
     h100 = hardware.GPUS["h100"]
     out = {}
     for label in ("attention at H100 speed", "memory-bound kernels at H100 speed",
-                  "B200's FP8 GEMMs at GB200's sustained share of the burst"):
+                  "B200's GEMMs at their burst rate"):
         errors = []
         for row in HELD_OUT:
             if row.gpu_type == "h100":
@@ -238,7 +238,8 @@ def heldout_diagnostics(constants: Constants) -> dict[str, float]:
             elif label.startswith("memory"):
                 c = replace(c, hbm_eff=c.hbm_eff * h100.hbm_tbs / gpu.hbm_tbs)
             elif row.gpu_type == "b200":
-                c = replace(c, gemm_eff_fp8=c.gemm_eff_fp8 * GB200_FP8_SUSTAINED_SHARE)
+                c = replace(c, gemm_eff_fp8=c.gemm_eff_fp8 / B200_SUSTAINED_CLOCK_SHARE,
+                            gemm_eff_bf16=c.gemm_eff_bf16 / B200_SUSTAINED_CLOCK_SHARE)
             pred = predict_heldout_row(row, c)
             errors.append(pred.step_time_s / row.step_time_s - 1)
         out[label] = _mean_abs_pct(errors)

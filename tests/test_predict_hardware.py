@@ -264,12 +264,15 @@ def test_non_seed_gpu_uses_measured_figures_with_their_source():
     # No small-message time of a Blackwell system measured as DGX H100's was.
     assert b200["collective_latency_us"].startswith("assumed:")
     # The MAMF table's B200 and H100 rows (1745.0 of 2250, 794.5 of 989 BF16 TFLOPS; 3432.5
-    # of 4500, 1402.6 of 1979 FP8) scale the H100-fitted efficiency, per dtype.
+    # of 4500, 1402.6 of 1979 FP8) scale the H100-fitted efficiency, per dtype, B200's at
+    # the clock it holds under sustained load (1580 of 1965 MHz, flashinfer PR #2899).
     h100 = default_constants("h100")
+    clock = 1580 / 1965
     assert b200_pred.constants["gemm_eff_bf16"] == pytest.approx(
-        h100.gemm_eff_bf16 * (1745.0 / 2250) / (794.5 / 989))
+        h100.gemm_eff_bf16 * (1745.0 * clock / 2250) / (794.5 / 989), rel=1e-4)
     assert b200_pred.constants["gemm_eff_fp8"] == pytest.approx(
-        h100.gemm_eff_fp8 * (3432.5 / 4500) / (1402.6 / 1979))
+        h100.gemm_eff_fp8 * (3432.5 * clock / 4500) / (1402.6 / 1979), rel=1e-4)
+    assert "1580 / 1965 MHz" in b200["gemm_eff_fp8"]
     # GB200's FP8 GEMM sustained after 10,000 warm-up iterations (Azure's benchmark guide:
     # 2906.9 TFLOPS) is divided by the same benchmark's H100 (1382.2), not MAMF's burst H100.
     gb200_pred, gb200 = hp.predict_with_profile(

@@ -226,6 +226,24 @@ def _mamf(bf16: float | None, fp8: float | None, bf16_note: str = "") -> dict[st
     return out
 
 
+FLASHINFER_B200_CLOCKS = (
+    "flashinfer-ai/flashinfer PR #2899 ('bench: fix GPU power throttling in benchmark "
+    "utilities'): a B200 at its 1000 W limit runs kernels back to back at about 1580 MHz "
+    "of its 1965 MHz")
+B200_SUSTAINED_CLOCK_SHARE = 1580 / 1965
+"""The share of its boost clock a B200 holds under sustained load (FLASHINFER_B200_CLOCKS).
+A dense GEMM's rate is its SMs' work per clock times the clock, so B200's sustained GEMM
+rate is its MAMF burst times this share: 0.804, the share of its burst that GB200's FP8
+GEMMs sustain in AZURE's harness (2906.9 / 3615.6) too."""
+
+
+def _clock_limited(burst: float) -> Figure:
+    return Figure(round(burst * B200_SUSTAINED_CLOCK_SHARE, 1), "TFLOPS",
+                  f"{MAMF}; {FLASHINFER_B200_CLOCKS}",
+                  f"MAMF's burst {burst:g} x the 1580 / 1965 MHz a B200 holds under "
+                  "sustained load")
+
+
 # AZURE's harness: cuBLASLt FP8 after 10,000 warm-up iterations, the best listed shape.
 _AZURE_H100_FP8 = 1382.2
 _GB200_FP8_BURST = 3615.6  # MAMF's row, replaced by the sustained figure below
@@ -289,7 +307,9 @@ MEASURED: dict[str, MeasuredGPU] = {
                         **{k: Figure(f.value, f.unit, f.source, _SAME_AS_H100)
                            for k, f in _H100_LINKS.items()},
                         attention_tflops=_HOPPER_SDPA),
-    "b200": MeasuredGPU("b200", _mamf(1745.0, 3432.5), intra_node_busbw_gbs=_B200_NVLINK,
+    # Burst rates at the clock a B200 sustains: a training step's GEMMs run back to back.
+    "b200": MeasuredGPU("b200", {"bf16": _clock_limited(1745.0), "fp8": _clock_limited(3432.5)},
+                        intra_node_busbw_gbs=_B200_NVLINK,
                         network_gbs=_CX7_PER_GPU, collective_latency_us=_LATENCY_UNKNOWN,
                         attention_tflops=Figure(None, "TFLOPS", reason=(
                             "its only published run of cudnn-frontend's training attention "
@@ -337,13 +357,6 @@ MEASURED: dict[str, MeasuredGPU] = {
 }
 
 LINK_FIELDS = ("intra_node_busbw_gbs", "network_gbs", "collective_latency_us")
-
-GB200_FP8_SUSTAINED_SHARE = MEASURED["gb200"].gemm_tflops["fp8"].value / _GB200_FP8_BURST
-"""GB200's sustained FP8 GEMM rate (AZURE) over its MAMF burst: 0.804. B200 has no sustained
-figure; bench/predict_accuracy.py shows, as a diagnosis that feeds no prediction, what
-B200's error would be if its FP8 GEMMs kept the same share (flashinfer PR #2899's B200
-clocks under load, ~1580 of 1965 MHz, are the same 0.80)."""
-
 
 def measured_for(gpu_type: str) -> MeasuredGPU | None:
     return MEASURED.get(gpu_type.lower())
