@@ -225,16 +225,18 @@ def test_expert_parallel_checkpoint_resumes_under_plain_data_parallelism(tmp_pat
 
 
 def _rows_and_weights(rank: int):
-    """The same full expert weights on every rank, and rank `rank`'s 8 rows, all routed
-    to experts 0-3 (those of ep rank 0): ep rank 1 receives no row at all."""
+    """The same full expert weights on every rank, and rank `rank`'s 8 rows with their
+    gate weights, all routed to experts 0-3 (those of ep rank 0): ep rank 1 receives no
+    row at all."""
     gen = torch.Generator().manual_seed(0)
     E, h, f, n = 8, 16, 8, 8
     w1, w3 = torch.randn(E, f, h, generator=gen), torch.randn(E, f, h, generator=gen)
     w2 = torch.randn(E, h, f, generator=gen)
     rows = [torch.randn(n, h, generator=gen) for _ in range(2)]
     weights = [torch.randn(n, h, generator=gen) for _ in range(2)]
+    gates = [torch.rand(n, 1, generator=gen) for _ in range(2)]
     counts = torch.tensor([2, 2, 2, 2, 0, 0, 0, 0])
-    return (w1, w3, w2), rows[rank], weights[rank], counts
+    return (w1, w3, w2), rows[rank], gates[rank], weights[rank], counts
 
 
 def _input_gradient_worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -246,16 +248,16 @@ def _input_gradient_worker(rank: int, init_file: str, out_dir: str) -> None:
     # A short timeout: a rank left waiting in an all-to-all fails instead of hanging.
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=2, timeout=timedelta(seconds=30))
-    (w1, w3, w2), rows, weight, counts = _rows_and_weights(rank)
+    (w1, w3, w2), rows, gates, weight, counts = _rows_and_weights(rank)
     # This rank's half of an MoE layer's experts: their weights and their activation.
     local = SimpleNamespace(activate=swiglu,
                             **{name: w.chunk(2)[rank].clone().requires_grad_()
                                for name, w in zip(("w1", "w3", "w2"), (w1, w3, w2))})
-    rows = rows.clone().requires_grad_()
-    out = _ep_compute(local, dist.group.WORLD, 2)(rows, counts)
+    rows, gates = rows.clone().requires_grad_(), gates.clone().requires_grad_()
+    out = _ep_compute(local, dist.group.WORLD, 2)(rows, counts, gates)
     # Gradients to the inputs only, as a pipeline stage's shape inference asks for.
-    (grad,) = torch.autograd.grad((out * weight).sum(), rows)
-    torch.save(grad, os.path.join(out_dir, f"rank{rank}.pt"))
+    grads = torch.autograd.grad((out * weight).sum(), (rows, gates))
+    torch.save(grads, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
     leave_spawned_rank()
 
@@ -271,9 +273,10 @@ def test_a_rank_that_receives_no_rows_still_returns_its_tokens_gradients(tmp_pat
     torch.multiprocessing.spawn(_input_gradient_worker,
                                 args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2)
     for rank in range(2):
-        (w1, w3, w2), rows, weight, counts = _rows_and_weights(rank)
-        rows.requires_grad_()
-        (expected,) = torch.autograd.grad(
-            (grouped_swiglu(rows, counts, w1, w3, w2) * weight).sum(), rows)
-        torch.testing.assert_close(torch.load(tmp_path / f"rank{rank}.pt"), expected,
-                                   atol=1e-5, rtol=1e-5)
+        (w1, w3, w2), rows, gates, weight, counts = _rows_and_weights(rank)
+        rows.requires_grad_(), gates.requires_grad_()
+        expected = torch.autograd.grad(
+            (grouped_swiglu(rows, counts, w1, w3, w2, weights=gates) * weight).sum(),
+            (rows, gates))
+        for got, want in zip(torch.load(tmp_path / f"rank{rank}.pt"), expected):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -126,9 +126,9 @@ def _ep_compute(moe: nn.Module, group, ep: int):
             # the inputs only (pipeline stages infer their gradient shapes that way)
             # still runs both all-to-alls' backward here, as the ranks that did get
             # rows do. Without `rows`, such a rank skipped them and its peer hung.
+            # The gate weights came through the rows' all-to-all function, whose backward
+            # exchanges both.
             out = out + 0 * (w1.sum() + w3.sum() + w2.sum() + rows.sum())
-            if weights is not None:
-                out = out + 0 * weights.sum()
         return out
 
     def compute_experts(rows: torch.Tensor, counts: torch.Tensor,
