@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +92,22 @@ def leave_spawned_rank() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def port_outside_the_ephemeral_range() -> int:
+    """A free TCP port below the kernel's ephemeral range. A test that picks its process
+    groups' ports ahead of their use cannot take them from bind(0), which hands out
+    ephemeral ports: an earlier group's gloo connections may be holding one of those by
+    the time it is used (EADDRINUSE)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    while True:
+        port = random.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port

@@ -26,7 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers import leave_spawned_rank
+from helpers import leave_spawned_rank, port_outside_the_ephemeral_range
 from trainbench.planning import build_plan
 
 HOST_READ_METHODS = {"item", "tolist", "__bool__", "__float__", "__int__", "numpy", "cpu"}
@@ -277,11 +277,7 @@ def test_a_step_of_every_parallel_layout_reads_nothing_on_the_host(tmp_path):
     gloo each send/recv wait blocks the CPU (on NCCL it only orders streams). Neither is
     a read of a tensor's value, and no later step reads any."""
     import torch.multiprocessing as mp
-    ports = []
-    for _ in LAYOUTS:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
+    ports = [port_outside_the_ephemeral_range() for _ in LAYOUTS]
     mp.spawn(_layout_ranks, args=(ports, str(tmp_path)), nprocs=2, join=True)
     for name in LAYOUTS:
         first, second = (json.loads((tmp_path / f"{name}-rank{r}.json").read_text())
