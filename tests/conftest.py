@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import FP8_RUN_TIMEOUT, read_metrics, train
+from helpers import FP8_RUN_TIMEOUT, FP8_SEQ, read_metrics, train
 
 
 @pytest.fixture
@@ -20,15 +20,15 @@ def one_thread():
 @pytest.fixture(scope="session")
 def one_fp8_run(tmp_path_factory):
     """workload -> the experiment directory of one FP8 process over 3 steps of the tiny
-    size, run once a session: the reference of every parallel FP8 layout, and a run whose
+    size on 32-token sequences (helpers.FP8_SEQ), run once a session: the reference of every parallel FP8 layout, and a run whose
     records the FP8 tests read (tests/test_fp8.py, tests/test_fp8_saved_input.py)."""
     root = tmp_path_factory.mktemp("one_fp8")
     cache = {}
 
     def get(workload: str):
         if workload not in cache:
-            cache[workload] = train(root, workload, 1, dtype="fp8", steps=3,
-                                    timeout=FP8_RUN_TIMEOUT)
+            cache[workload] = train(root, workload, 1, "--set", FP8_SEQ, dtype="fp8",
+                                    steps=3, timeout=FP8_RUN_TIMEOUT)
         return cache[workload]
     return get
 

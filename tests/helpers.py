@@ -42,6 +42,10 @@ def losses(exp_dir: Path) -> list[float]:
 # FP8 GEMMs on a CPU are software (torch._scaled_mm): about 0.5 s per tiny step on one
 # idle core pair, many times that on a shared machine.
 FP8_RUN_TIMEOUT = 1800
+# CPU torch._scaled_mm is a plain loop (about 60 M multiply-adds/s on a Xeon core, some
+# 150x slower than upcasting), so the FP8 runs train on sequences of 32 tokens: the same
+# GEMMs, layers, layouts and learnable task on a quarter of the tiny recipe's tokens.
+FP8_SEQ = "seq_len=32"
 
 
 def train(root: Path, workload: str, scale: int, *extra: str, steps: int = 3,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FP8_RUN_TIMEOUT, losses, read_metrics, run_cli, train
+from helpers import FP8_RUN_TIMEOUT, FP8_SEQ, losses, read_metrics, run_cli, train
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao.float8")
@@ -41,13 +41,15 @@ FP8_VS_BF16_RTOL = 4.2e-3
 # vocabulary) by 0.39 (Nemotron-4) to 0.46 nats (Nemotron-H) (same runs): learned, not
 # stuck. The bound sits 1.5x below the smallest.
 LEARNED_NATS = 0.25
-# A parallel FP8 layout vs one FP8 process, 3 steps. Tensorwise scales are amaxes over
-# the whole tensor (torchao all-reduces them over TP shards), so layouts differ only in
-# the order of sums, which FP8 rounding can amplify by a step of the e4m3 grid on a few
-# elements. Largest measured relative deviations (same machine, every layout below plus
-# DP2 and rowwise TP2): losses 3.2e-5 (Llama 3.1 TP2 PP2 CP2 VP2), gradient norms 1.8e-3
-# (Nemotron-H TP2 DP2); fp32 layouts agree to 1e-5 (tests/test_parallel_parity.py).
-FP8_PARITY_LOSS_RTOL = 1e-4
+# A parallel FP8 layout vs one FP8 process, 3 steps on 32-token sequences (FP8_SEQ).
+# Tensorwise scales are amaxes over the whole tensor (torchao all-reduces them over TP
+# shards), so layouts differ only in the order of sums, which FP8 rounding can amplify by
+# a step of the e4m3 grid on a few elements; a loss over fewer tokens moves more with each.
+# Largest measured relative deviations (2-core Intel Xeon, torch 2.13.0 CPU, torchao 0.18,
+# every layout below plus DP2, TP2 and rowwise TP2): losses 1.25e-4 (Nemotron-H TP2 DP2),
+# gradient norms 1.9e-3 (Llama 3.1 TP2 PP2 CP2 VP2); fp32 layouts agree to 1e-5
+# (tests/test_parallel_parity.py). The bounds sit about 1.5x above.
+FP8_PARITY_LOSS_RTOL = 2e-4
 FP8_PARITY_GRAD_NORM_RTOL = 3e-3
 RUN_TIMEOUT = FP8_RUN_TIMEOUT
 
@@ -157,10 +159,6 @@ def test_one_rank_fp8_run_records_its_recipe_and_has_no_mfu(tmp_path, one_fp8_ru
     assert any("emulation" in note for note in row["notes"])
 
 
-# CPU torch._scaled_mm is a plain loop (about 60 M multiply-adds/s on a Xeon core, some
-# 150x slower than upcasting), so the long runs train on sequences of 32 tokens: the same
-# GEMMs, layers and learnable task on a quarter of the tokens.
-LONG_RUN_SEQ = "seq_len=32"
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +173,7 @@ def long_runs(tmp_path_factory):
             ) -> list[dict]:
         if (workload, dtype, steps, scale) not in cache:
             cache[workload, dtype, steps, scale] = read_metrics(
-                train(root, workload, scale, "--set", LONG_RUN_SEQ, dtype=dtype, steps=steps,
+                train(root, workload, scale, "--set", FP8_SEQ, dtype=dtype, steps=steps,
                       timeout=RUN_TIMEOUT))
         return cache[workload, dtype, steps, scale]
     return get
@@ -192,7 +190,7 @@ def assert_matches(metrics: list[dict], reference: list[dict]) -> None:
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", LONG_RUN_FAMILIES)
-def test_fp8_tracks_bf16_over_a_long_run(long_runs, workload):
+def test_fp8_tracks_bf16_over_a_long_run(long_runs, one_fp8_process, workload):
     fp8 = [r["loss"] for r in long_runs(workload, "fp8")]
     bf16 = [r["loss"] for r in long_runs(workload, "bf16")]
     assert len(fp8) == len(bf16) == LONG_RUN_STEPS
@@ -203,7 +201,7 @@ def test_fp8_tracks_bf16_over_a_long_run(long_runs, workload):
     assert sum(fp8[-5:]) / 5 < fp8[0] - LEARNED_NATS
     # The tiny recipe's own layout (FSDP over DP2) is one more layout one process matches:
     # warm-up LR, so the first 3 steps of the long run are a 3-step run's.
-    assert_matches(long_runs(workload, "fp8")[:3], long_runs(workload, "fp8", 3, 1))
+    assert_matches(long_runs(workload, "fp8")[:3], one_fp8_process(workload))
 
 
 @pytest.mark.dist
@@ -212,8 +210,8 @@ def test_fp8_tracks_bf16_over_a_long_run(long_runs, workload):
                          ids=[f"{w}-{l.replace(' ', '-')}" for w, _, l in SEED_LAYOUTS])
 def test_fp8_seed_layout_matches_one_fp8_process(tmp_path, one_fp8_process, workload, scale,
                                                   layout):
-    exp = train(tmp_path, workload, scale, "--set", layout, dtype="fp8", steps=3,
-                timeout=RUN_TIMEOUT)
+    exp = train(tmp_path, workload, scale, "--set", f"{layout} {FP8_SEQ}", dtype="fp8",
+                steps=3, timeout=RUN_TIMEOUT)
     assert_matches(read_metrics(exp), one_fp8_process(workload))
     run = json.loads((exp / "run.json").read_text())
     assert run["world_size"] == scale
@@ -224,9 +222,9 @@ def test_fp8_seed_layout_matches_one_fp8_process(tmp_path, one_fp8_process, work
 @pytest.mark.dist
 @pytest.mark.slow
 def test_rowwise_recipe_trains_under_tensor_parallel_like_one_process(tmp_path):
-    one = train(tmp_path, "pretrain_llama3.1", 1, "--set", "fp8_recipe=rowwise",
+    one = train(tmp_path, "pretrain_llama3.1", 1, "--set", f"fp8_recipe=rowwise {FP8_SEQ}",
                 dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
-    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2 fp8_recipe=rowwise",
+    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", f"tp=2 fp8_recipe=rowwise {FP8_SEQ}",
                dtype="fp8", steps=3, timeout=RUN_TIMEOUT)
     assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_LOSS_RTOL)
     for exp in (one, tp):
@@ -278,8 +276,9 @@ def test_mxfp8_trains_on_a_cpu_and_tensor_parallel_matches_one_process(tmp_path,
                                                                        one_fp8_process):
     """torchao's emulated MX training: block scales are local to 32 values, so TP2 (whose
     shards are whole blocks) gives one process's losses; and it is not tensorwise FP8."""
-    one = train(tmp_path, "pretrain_llama3.1", 1, dtype="mxfp8", steps=3, timeout=RUN_TIMEOUT)
-    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", "tp=2", dtype="mxfp8", steps=3,
+    one = train(tmp_path, "pretrain_llama3.1", 1, "--set", FP8_SEQ, dtype="mxfp8", steps=3,
+                timeout=RUN_TIMEOUT)
+    tp = train(tmp_path, "pretrain_llama3.1", 2, "--set", f"tp=2 {FP8_SEQ}", dtype="mxfp8", steps=3,
                timeout=RUN_TIMEOUT)
     fp8 = [r["loss"] for r in one_fp8_process("pretrain_llama3.1")]
     assert losses(tp) == pytest.approx(losses(one), rel=FP8_PARITY_LOSS_RTOL)

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from helpers import losses, read_metrics, train
+from helpers import FP8_SEQ, losses, read_metrics, train
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchao.float8")
@@ -199,7 +199,7 @@ def test_tp2_run_matches_one_process_and_says_what_it_keeps(tmp_path, one_fp8_ru
     tolerances; run.json says what was kept."""
     from test_fp8 import FP8_PARITY_GRAD_NORM_RTOL, FP8_PARITY_LOSS_RTOL, RUN_TIMEOUT
     one = one_fp8_run("pretrain_llama3.1")
-    tp2 = train(tmp_path / "tp2", "pretrain_llama3.1", 2, "--set", "tp=2", dtype="fp8",
+    tp2 = train(tmp_path / "tp2", "pretrain_llama3.1", 2, "--set", f"tp=2 {FP8_SEQ}", dtype="fp8",
                 timeout=RUN_TIMEOUT)
     assert losses(one) == pytest.approx(losses(tp2), rel=FP8_PARITY_LOSS_RTOL)
     norms = [[r["grad_norm"] for r in read_metrics(d)] for d in (one, tp2)]
