@@ -115,3 +115,26 @@ def port_outside_the_ephemeral_range() -> int:
             except OSError:
                 continue
         return port
+
+
+def tensors_created():
+    """A dispatch mode that records every tensor an operation creates while it is active:
+    `refs`, weak references to them (which are still alive later), and `shapes`."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class TensorsCreated(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.refs, self.shapes = [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            made = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            self.refs += [weakref.ref(t) for t in made]
+            self.shapes += [tuple(t.shape) for t in made]
+            return out
+    return TensorsCreated()

@@ -11,26 +11,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
+from helpers import tensors_created  # noqa: E402
 from torch.utils.checkpoint import checkpoint  # noqa: E402
 
 from trainbench.check.fused_attention import fused_attention_memory  # noqa: E402
 
 SEQ = 64
-
-
-class _Shapes(TorchDispatchMode):
-    """The shape of every tensor an operation creates while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.shapes += [tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return out
 
 
 def _qkv(v_dim: int):
@@ -47,7 +33,7 @@ def _scores_made(standin: bool, v_dim: int) -> bool:
     def attend(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     standin_or_not = fused_attention_memory() if standin else contextlib.nullcontext()
-    with standin_or_not, _Shapes() as made:
+    with standin_or_not, tensors_created() as made:
         out = checkpoint(attend, q, k, v, use_reentrant=False)
         out.sum().backward()
     assert out.shape == (1, 4, SEQ, v_dim)

@@ -10,11 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gc  # noqa: E402
-import weakref  # noqa: E402
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
-
+from helpers import tensors_created  # noqa: E402
 from trainbench.catalog.models import get_model  # noqa: E402
 from trainbench.engine.models import moe as moe_mod  # noqa: E402
 from trainbench.engine.models.moe import MoE, grouped_swiglu  # noqa: E402
@@ -22,23 +19,11 @@ from trainbench.engine.models.moe_rows import combine_rows, scatter_rows  # noqa
 from trainbench.engine.parallel import keep_only_inputs_of_cheap_ops  # noqa: E402
 
 
-class _Created(TorchDispatchMode):
-    """Weak references to every tensor an operation creates while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.refs = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.refs += [weakref.ref(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return out
-
 
 def _alive_after_forward(layer, x):
     """(shape of each distinct storage the forward created that is still alive once it
     returned: what the backward holds, whoever holds it), and the output."""
-    with _Created() as created:
+    with tensors_created() as created:
         out = layer(x)
     gc.collect()
     alive = {}
