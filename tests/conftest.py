@@ -20,8 +20,9 @@ def one_thread():
 @pytest.fixture(scope="session")
 def one_fp8_run(tmp_path_factory):
     """workload -> the experiment directory of one FP8 process over 3 steps of the tiny
-    size on 32-token sequences (helpers.FP8_SEQ), run once a session: the reference of every parallel FP8 layout, and a run whose
-    records the FP8 tests read (tests/test_fp8.py, tests/test_fp8_saved_input.py)."""
+    size on 32-token sequences (helpers.FP8_SEQ), run once a session: the reference of
+    every parallel FP8 layout and of the long runs' first steps, and a run whose records
+    the FP8 tests read (tests/test_fp8.py, tests/test_fp8_saved_input.py)."""
     root = tmp_path_factory.mktemp("one_fp8")
     cache = {}
 
