@@ -107,16 +107,83 @@ def is_operator(event, cuda: bool) -> bool:
 def top_ops(step, cuda: bool) -> list[tuple[str, float, float]]:
     """(operator, ms, share of the profiled time) of one step, the TOP_OPS longest by self
     device time on a GPU (CPU time on a CPU)."""
+    return profile_step(step, cuda)["top_ops"]
+
+
+# Kernel names to what they do, first match wins: Triton's GEMM templates before Triton's
+# fused pointwise and reduction kernels, cuBLAS/CUTLASS families by their name stems.
+KERNEL_KINDS = (
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "attn", "cudnn")),
+    ("gemm", ("triton_tem", "gemm", "cutlass", "nvjet", "xmma", "cublas", "sm90_", "sm100_",
+              "grouped_mm", "_mm_")),
+    ("optimizer", ("adam", "multi_tensor_apply")),
+    ("triton fused", ("triton",)),
+    ("copy or cast", ("copy", "cast", "fill")),
+    ("index, sort, scatter", ("index", "scatter", "gather", "sort", "cumsum", "histc",
+                              "bincount", "topk", "radix")),
+    ("reduce", ("reduce",)),
+    ("elementwise", ("elementwise",)),
+)
+
+
+def is_annotation(event) -> bool:
+    """A labelled span on the GPU's timeline (record_function's 'Optimizer.step#AdamW.step',
+    FSDP's 'FSDP::pre_forward', CUPTI's markers), not a kernel: it spans kernels that are
+    counted on their own."""
+    return (getattr(event, "is_user_annotation", False) or event.key in NOT_OPERATORS
+            or "#" in event.key or event.key.startswith(("FSDP::", "ProfilerStep")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, stems in KERNEL_KINDS if any(s in low for s in stems)), "other")
+
+
+def profile_step(step, cuda: bool) -> dict:
+    """One profiled step: its top operators, and on a GPU its kernels: the longest, their
+    time by kind, their sum against the step's wall time (the rest is the GPU waiting)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
+        synchronize()
+        start = time.perf_counter()
         step()
         synchronize()
+        wall_ms = (time.perf_counter() - start) * 1e3
+    averages = prof.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key) > 0 and is_operator(e, cuda)]
+    events = [e for e in averages if getattr(e, key) > 0 and is_operator(e, cuda)]
     total = sum(getattr(e, key) for e in events) or 1.0
     events.sort(key=lambda e: getattr(e, key), reverse=True)
-    return [(e.key, getattr(e, key) / 1e3, getattr(e, key) / total) for e in events[:TOP_OPS]]
+    result = dict(top_ops=[(e.key, getattr(e, key) / 1e3, getattr(e, key) / total)
+                           for e in events[:TOP_OPS]], wall_ms=wall_ms)
+    if cuda:
+        kernels = [e for e in averages if str(getattr(e, "device_type", "")).endswith("CUDA")
+                   and e.self_device_time_total > 0 and not is_annotation(e)]
+        kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+        by_kind: dict[str, float] = {}
+        for e in kernels:
+            kind = kernel_kind(e.key)
+            by_kind[kind] = by_kind.get(kind, 0.0) + e.self_device_time_total / 1e3
+        result.update(
+            kernel_ms=sum(by_kind.values()), kernel_kinds=by_kind,
+            top_kernels=[(e.key[:140], e.count, e.self_device_time_total / 1e3)
+                         for e in kernels[:TOP_OPS]])
+    return result
+
+
+def print_kernels(label: str, profiled: dict) -> None:
+    """The kernel lines of profile_step's result (nothing on a CPU)."""
+    if "kernel_ms" not in profiled:
+        return
+    print(f"\n{label}: kernels of the profiled step: {profiled['kernel_ms']:.1f} ms of "
+          f"{profiled['wall_ms']:.1f} ms wall ({100 * profiled['kernel_ms'] / profiled['wall_ms']:.0f}% busy)")
+    for kind, ms in sorted(profiled["kernel_kinds"].items(), key=lambda kv: -kv[1]):
+        print(f"  {ms:9.2f} ms  {kind}")
+    print("  longest kernels (calls, ms):")
+    for name, calls, ms in profiled["top_kernels"]:
+        print(f"  {ms:9.2f} ms {calls:6d}x  {name}")
 
 
 def force_one_rank_fsdp(mode: str) -> None:
@@ -157,9 +224,10 @@ def bench_trainbench(plan, steps: int, warmup: int, cuda: bool) -> dict:
                 metrics = trainer.train_step(step)
                 if step >= warmup:
                     times.append(metrics.step_time_s)
-            ops = top_ops(lambda: trainer.train_step(warmup + steps), cuda)
+            profiled = profile_step(lambda: trainer.train_step(warmup + steps), cuda)
             info = json.loads((trainer.exp_dir / "run.json").read_text())
-            return dict(step_times=times, peak_memory_gib=peak_memory_gib(), top_ops=ops,
+            return dict(step_times=times, peak_memory_gib=peak_memory_gib(),
+                        top_ops=profiled.pop("top_ops"), profiled=profiled,
                         sdpa_backend=info["sdpa_backend"], loss=metrics.loss,
                         optimizer=info["optimizer"]["implementation"],
                         fsdp_shards=info["parallel"]["fsdp_shards"],

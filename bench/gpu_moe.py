@@ -219,6 +219,7 @@ def main() -> None:
               f"profiled step (self {'device' if cuda else 'CPU'} time)")
         for name, ms, share in r["top_ops"]:
             print(f"  {ms:9.2f} ms {100 * share:5.1f}%  {name}")
+        gpu_mfu.print_kernels(f"{r['proxy']} {r['dtype']}", r["profiled"])
     print()
     for r in rows:
         print(f"predict, {r['proxy']} {r['dtype']}: {r['predicted']}")
