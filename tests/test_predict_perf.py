@@ -117,12 +117,14 @@ def test_exposed_communication_is_what_the_window_cannot_hide():
 def test_optimizer_step_is_memory_bound_over_the_shard():
     # Adam (Kingma & Ba 2015): read/write fp32 weight and two moments, read the gradient,
     # write the bf16 weight: 28 B per parameter of the local shard, in one fused kernel at
-    # the rate torch's fused AdamW reached on an H100 (0.76 of its HBM peak).
+    # the rate torch's fused AdamW reached on an H100 (0.76 of its HBM peak); before it,
+    # gradient clipping reads each fp32 gradient for the norm and reads and writes it to
+    # scale it (12 B), in multi-tensor kernels at the same rate.
     p = plan("pretrain_llama3.1", "8b", "bf16", 8)
     ctx = make_context(p)
     times = {k: perf.layer_time(lw, ctx) for k, lw in ctx.work.items()}
     rt = perf.rank_time(ctx, 0, times)
-    expected = 28 * rt.params / 8 / (3.35e12 * 0.76)
+    expected = (28 + 12) * rt.params / 8 / (3.35e12 * 0.76)
     assert perf.optimizer_time(ctx, rt) == pytest.approx(expected)
 
 
@@ -130,7 +132,8 @@ def test_bf16_moments_fused_in_a_recipe_and_one_pass_an_operation_in_the_engine(
     """A recipe's fused kernel moves each bf16 moment in 2 B (20 B a parameter); the
     engine's AdamWBf16Moments runs 12 operations, 108 B a parameter by hand
     (engine/optim.py), each a streaming pass (0.82 of the HBM peak). Both shard the
-    optimizer over the 8 ranks (dp x cp)."""
+    optimizer over the 8 ranks (dp x cp). Clipping adds 12 B a parameter in multi-tensor
+    kernels (0.76) to both."""
     p = build_plan("pretrain_llama3.1", "8b", "bf16", 8, "h100",
                    overrides={"adam_moments": "bf16"})
     assert p.layout.dp * p.layout.cp == 8
@@ -138,7 +141,7 @@ def test_bf16_moments_fused_in_a_recipe_and_one_pass_an_operation_in_the_engine(
         ctx = make_context(p, sharding=sharding)
         times = {k: perf.layer_time(lw, ctx) for k, lw in ctx.work.items()}
         rt = perf.rank_time(ctx, 0, times)
-        expected = per_param * rt.params / 8 / (3.35e12 * eff)
+        expected = (per_param / eff + 12 / 0.76) * rt.params / 8 / 3.35e12
         assert perf.optimizer_time(ctx, rt) == pytest.approx(expected)
 
 
@@ -265,3 +268,19 @@ def test_a_calibration_cannot_put_gemms_above_the_measured_best_matmul():
     result = calibrate.fit(runs, "h100", config={}, names=("gemm_eff_fp8",), sweeps=1)
     assert result.constants.gemm_eff_fp8 <= 1402.6 / 1979 + 1e-9
     assert result.constants.gemm_eff_fp8 > 0.70  # pushed to the cap, not left at 0.66
+
+
+def test_the_loss_upcast_and_streaming_passes_run_at_their_own_rates():
+    """The head's memory-bound time: its traffic at the memory-bound rate (0.45 of HBM),
+    the loss's eager upcasts at torch's eager upcast rate (0.45, measured on an H200) and
+    its fills, down-casts and concatenation at the streaming rate (0.82)."""
+    p = build_plan("pretrain_llama3.1", "8b", "bf16", 1, "h100",
+                   overrides={"tp": 1, "pp": 1, "cp": 1, "dp": 1, "mbs": 1, "gbs": 1,
+                              "layers": 2})
+    ctx = make_context(p, sharding="engine")
+    head = ctx.work["head"]
+    assert head.upcast_bytes > 0 and head.stream_bytes > 0
+    hbm = 3.35e12
+    expected = (head.hbm_bytes / (hbm * 0.45) + head.upcast_bytes / (hbm * 0.45)
+                + head.stream_bytes / (hbm * 0.82))
+    assert perf.layer_time(head, ctx).memory_bound == pytest.approx(expected)

@@ -189,3 +189,34 @@ def test_the_ssd_scan_traffic_is_the_kernels_tally():
     lw = layer_work(NH, "mamba", sh)
     assert lw.scan_hbm_bytes == pytest.approx(ssd_scan_bytes(NH, sh) * 8192)
     assert lw.scan_dim == 64  # the head dim: the matmuls' smallest side
+
+
+@pytest.mark.parametrize("seq,chunked", [(8192, True), (512, False)])
+def test_the_engines_loss_traffic_by_hand(seq, chunked):
+    """engine/loss.py per logit, bf16 logits: the forward upcasts them (read 2, write 4)
+    and takes their log-softmax (read 4, write 4); the backward zeroes the fp32 gradient
+    (4), runs the log-softmax backward (read 4 + 4, write 4) and casts the gradient down
+    (read 4, write 2). Chunked (more logits than one chunk's 2**27), each chunk is
+    checkpointed: its backward upcasts and takes the log-softmax again, and the chunks'
+    bf16 gradients are concatenated (read 2, write 2). The final norm's 5 B per hidden
+    element of a token stays in the memory-bound traffic; the recipe's unfused loss is 16 B
+    per logit there, with no upcast or streaming pass of its own."""
+    sh = replace(shape(L8B, seq=seq), engine=True)
+    logits = seq * L8B.vocab_size
+    assert (logits > 2 ** 27) is chunked
+    head = layer_work(L8B, "head", sh)
+    norm = 5 * L8B.hidden * seq * 2
+    forwards = 2 if chunked else 1
+    assert head.hbm_bytes == pytest.approx(norm + (8 * forwards + 12) * logits)
+    assert head.upcast_bytes == pytest.approx(6 * forwards * logits)
+    assert head.stream_bytes == pytest.approx((4 + 6 + (4 if chunked else 0)) * logits)
+    recipe = layer_work(L8B, "head", shape(L8B, seq=seq))
+    assert recipe.hbm_bytes == pytest.approx(norm + 16 * logits)
+    assert (recipe.upcast_bytes, recipe.stream_bytes) == (0.0, 0.0)
+
+
+def test_an_fp32_loss_casts_nothing():
+    sh = Shape(mbs=1, seq_len=512, tp=1, cp=1, act_bytes=4, fp8=False, engine=True)
+    head = layer_work(L8B, "head", sh)
+    assert head.upcast_bytes == 0.0
+    assert head.stream_bytes == pytest.approx(4 * 512 * L8B.vocab_size)  # the zeroed gradient

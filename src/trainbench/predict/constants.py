@@ -64,6 +64,13 @@ class Constants:
     TB/s, read and write counted, on one H100 80GB HBM3 of 3.35 TB/s
     (docs/gpu-runs/2026-11-26-h100/probe.log). Measured, not fitted; carried to other
     GPU types as a fraction of their peak."""
+    eager_upcast_eff: float = 0.45
+    """Fraction of the HBM bandwidth torch's eager bf16-to-fp32 copy reaches (the loss
+    upcasting its logits, the engine's eager weights' gradients cast back to fp32). Its
+    copy kernel casts element by element, unvectorised: 2.15 TB/s over 805M elements
+    (read 2, write 4 B) on one H200 of 4.8 TB/s, where the fp32-to-bf16 cast reached 4.33
+    and the same upcast compiled 4.10 (docs/gpu-runs/2026-11-28-h200/cast_bench.log).
+    Measured, not fitted."""
     fused_adam_eff: float = 0.76
     """Fraction of the HBM bandwidth a fused Adam kernel (one multi-tensor kernel over
     weights, gradients and both moments) reaches: torch's fused AdamW took 21.2 ms over

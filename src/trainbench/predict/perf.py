@@ -56,8 +56,15 @@ BF16_MOMENTS_ENGINE_BYTES_PER_PARAM = 6 + 12 + 6 + 8 + 16 + 6 + 6 + 8 + 3 * 8 + 
 # written) and the weight's bf16 gradient back to fp32 (2 read, 4 written); from the
 # second microbatch on, that gradient is added into the accumulated one (two fp32 reads,
 # one write). Each is one pass over a whole weight, outside the layers' counted traffic.
-WEIGHT_CAST_BYTES_PER_PARAM = 12.0
+# The embedding's lookup runs in fp32 (autocast casts no embedding): its weight is not
+# cast, and each backward writes its gradient into a fresh zeroed fp32 table (4 B).
+WEIGHT_DOWNCAST_BYTES_PER_PARAM = 6.0
+GRAD_UPCAST_BYTES_PER_PARAM = 6.0
+EMBEDDING_GRAD_ZERO_BYTES_PER_PARAM = 4.0
 GRAD_ACCUMULATE_BYTES_PER_PARAM = 12.0
+# Gradient clipping (torch's clip_grad_norm_, Megatron's clip_grad): the norm reads every
+# fp32 gradient of the local shard (4 B), the scaling reads and writes it (4 + 4).
+CLIP_BYTES_PER_PARAM = 12.0
 # Under FSDP2 (torch.distributed.fsdp._fully_shard, bf16 param_dtype) each gather casts
 # the fp32 shard to bf16 (read 4, write 2: FSDPParam.all_gather_inputs) and copies it
 # into the all-gather buffer (read 2, write 2: foreach_all_gather's _foreach_copy_);
@@ -157,7 +164,9 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
             hbm += lw.scan_hbm_bytes
         else:  # the torch scan's measured time stands for its matmuls and traffic alike
             scan = (scan + lw.scan_hbm_bytes / rate) * slower
-    memory_bound = hbm / rate
+    hbm_rate = dev.hbm_tbs * 1e12
+    memory_bound = (hbm / rate + lw.upcast_bytes / (hbm_rate * c.eager_upcast_eff)
+                    + lw.stream_bytes / (hbm_rate * c.stream_eff))
     overhead = c.layer_overhead_us * 1e-6
     # Per sequence-parallel region: an all-gather and a reduce-scatter forward, and again
     # backward (four of each per transformer layer, Korthikanti et al. 2022). FP8 recipes
@@ -202,6 +211,11 @@ class RankTime:
     params: float = 0.0
     float8_params: float = 0.0
     """The share of `params` FSDP gathers in FP8 (the engine's tensorwise FP8 linears)."""
+    embedding_params: float = 0.0
+    """The share of `params` in the input embedding (looked up in fp32, never cast)."""
+    eager_cast_params: float = 0.0
+    """The share of `params` the engine casts outside its compiled blocks: the output
+    head's and the routed experts' (their computation runs eager, between two graphs)."""
     units: int = 0
 
     @property
@@ -226,6 +240,10 @@ def rank_time(ctx: Context, rank: int, times: dict[str, LayerTime]) -> RankTime:
             hidden += n * (c.tp_overlap * lt.tp_comm + c.cp_overlap * lt.cp_comm)
             rt.params += n * ctx.work[kind].params
             rt.float8_params += n * float8_gathered_params(ctx.work[kind], ctx)
+            work = ctx.work[kind]
+            if kind == "embedding":
+                rt.embedding_params += n * work.params
+            rt.eager_cast_params += n * (work.params if kind == "head" else work.expert_params)
             if kind != "mlp" or ctx.plan.model.is_hybrid:
                 rt.units += n  # FSDP units: blocks, hybrid layers, embedding, head
     if lay.pp > 1:
@@ -310,13 +328,28 @@ def weight_pass_time(ctx: Context, rt: RankTime) -> float:
     if (ctx.requested_sharding != ENGINE or ctx.sharding == DISTRIBUTED_OPTIMIZER
             or plan.dtype == "fp32"):
         return 0.0
-    m = ctx.microbatches
     if plan.one_rank_without_fsdp:
-        nbytes = rt.params * (WEIGHT_CAST_BYTES_PER_PARAM * m
-                              + GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1))
-    else:
-        nbytes = fsdp_pass_bytes(ctx, rt)
-    return nbytes / (ctx.device.hbm_tbs * 1e12 * ctx.constants.stream_eff)
+        return one_rank_pass_time(ctx, rt)
+    hbm, c = ctx.device.hbm_tbs * 1e12, ctx.constants
+    return (fsdp_pass_bytes(ctx, rt) / (hbm * c.stream_eff)
+            + fsdp_upcast_bytes(ctx, rt) / (hbm * c.eager_upcast_eff))
+
+
+def one_rank_pass_time(ctx: Context, rt: RankTime) -> float:
+    """Seconds per step of the one-rank autocast run's passes (the constants above). A
+    gradient cast back to fp32 inside a compiled block is one fused, vectorised kernel;
+    outside (the head, the routed experts, every weight when nothing is compiled) it is
+    torch's eager bf16-to-fp32 copy, which reaches eager_upcast_eff of the bandwidth."""
+    m, c = ctx.microbatches, ctx.constants
+    cast = rt.params - rt.embedding_params
+    eager = rt.eager_cast_params if ctx.plan.compile else cast
+    streamed = (m * (cast * WEIGHT_DOWNCAST_BYTES_PER_PARAM
+                     + (cast - eager) * GRAD_UPCAST_BYTES_PER_PARAM
+                     + rt.embedding_params * EMBEDDING_GRAD_ZERO_BYTES_PER_PARAM)
+                + rt.params * GRAD_ACCUMULATE_BYTES_PER_PARAM * (m - 1))
+    upcast = m * eager * GRAD_UPCAST_BYTES_PER_PARAM
+    hbm = ctx.device.hbm_tbs * 1e12
+    return streamed / (hbm * c.stream_eff) + upcast / (hbm * c.eager_upcast_eff)
 
 
 def fsdp_pass_bytes(ctx: Context, rt: RankTime) -> float:
@@ -331,8 +364,6 @@ def fsdp_pass_bytes(ctx: Context, rt: RankTime) -> float:
                       + fp8 * (copy / 2 / n + copy / 2))
     gathers, reductions = plan.fsdp_gathers_per_step(m), plan.fsdp_reductions_per_step(m)
     per_reduction = rt.params * (2.0 + plan.reduce_bytes)
-    if plan.reduce_bytes == 2:
-        per_reduction += rt.params * 6.0 / n
     # Gradients accumulate: unsharded in bf16 between deferred reductions (read two,
     # write one), or sharded in fp32 after each reduction from the second on.
     if plan.gradients_reduced_once:
@@ -347,16 +378,29 @@ def fsdp_pass_bytes(ctx: Context, rt: RankTime) -> float:
     return gathers * per_gather + reductions * per_reduction + accumulate + float8_casts
 
 
+def fsdp_upcast_bytes(ctx: Context, rt: RankTime) -> float:
+    """Bytes per step of FSDP2 casting each bf16-reduced gradient shard to fp32 (read 2,
+    write 4): torch's eager upcast, at its own rate (Constants.eager_upcast_eff)."""
+    plan = ctx.plan
+    if plan.reduce_bytes != 2:
+        return 0.0
+    reductions = plan.fsdp_reductions_per_step(ctx.microbatches)
+    return reductions * rt.params * GRAD_UPCAST_BYTES_PER_PARAM / ctx.groups.fsdp.size
+
+
 def optimizer_time(ctx: Context, rt: RankTime) -> float:
     """Adam over the local shard (Kingma & Ba 2015), memory-bound: a fused kernel's bytes
     at the rate a fused Adam reaches, the engine's bf16-moment AdamW's passes at the
-    streaming rate (optimizer_bytes_per_param)."""
+    streaming rate (optimizer_bytes_per_param); and the gradient clipping before it."""
     lay = ctx.plan.layout
     shard = lay.dp * lay.cp if ctx.sharding == DISTRIBUTED_OPTIMIZER else ctx.groups.fsdp.size
-    nbytes = optimizer_bytes_per_param(ctx) * rt.params / shard
-    c = ctx.constants
+    params = rt.params / shard
+    c, hbm = ctx.constants, ctx.device.hbm_tbs * 1e12
     fused = not (ctx.plan.adam_moments == "bf16" and ctx.requested_sharding == ENGINE)
-    return nbytes / (ctx.device.hbm_tbs * 1e12 * (c.fused_adam_eff if fused else c.stream_eff))
+    step = optimizer_bytes_per_param(ctx) * params / (hbm * (c.fused_adam_eff if fused
+                                                             else c.stream_eff))
+    # Clipping's norm and scaling are multi-tensor kernels, like the fused Adam.
+    return step + CLIP_BYTES_PER_PARAM * params / (hbm * c.fused_adam_eff)
 
 
 def optimizer_bytes_per_param(ctx: Context) -> float:

@@ -60,6 +60,12 @@ class LayerWork:
     hbm_bytes: float = 0.0
     """Traffic of memory-bound kernels (norms, activation functions, residual adds, RoPE),
     forward + backward; FP8 casts are charged from `linears` (predict.fp8_cost)."""
+    upcast_bytes: float = 0.0
+    """Traffic of eager bf16-to-fp32 copies (the engine's loss upcasting its logits),
+    forward + backward: charged at their own measured rate (Constants.eager_upcast_eff)."""
+    stream_bytes: float = 0.0
+    """Traffic of whole-tensor streaming passes (fills, casts down to bf16, concatenations)
+    forward + backward, at the streaming rate (Constants.stream_eff)."""
     act_bytes: float = 0.0
     """Activations kept from the forward for the backward (no recomputation)."""
     input_bytes: float = 0.0
@@ -370,12 +376,33 @@ def _head_work(m: ModelSpec, sh: Shape, c: _Common) -> LayerWork:
     # TE's fused loss: the GEMM writes the bf16 logits, one forward pass reads them, the
     # backward reads them and writes the gradient in place (8 B per logit).
     per_logit = TE_FUSED_LOSS_TRAFFIC_PER_LOGIT if sh.fused_loss else 16.0
+    upcast = stream = 0.0
+    if sh.engine:
+        per_logit, upcast, stream = engine_loss_traffic_per_logit(m, sh)
     hbm = per_logit * logits + 5.0 * h * tok / t * b
     params = m.vocab_size * h / t + (2 * h if m.norm == "layernorm1p" else h)
     # The final norm's input and output (the head stays in BF16).
     return LayerWork("head", lins, hbm_bytes=hbm, act_bytes=h * (tok / t + c.head_gathered) * b,
-                     params=params, input_bytes=c.input_bytes,
-                     tp_gather_bytes=(c.gather,) if t > 1 else ())
+                     params=params, input_bytes=c.input_bytes, upcast_bytes=upcast * logits,
+                     stream_bytes=stream * logits, tp_gather_bytes=(c.gather,) if t > 1 else ())
+
+
+def engine_loss_traffic_per_logit(m: ModelSpec, sh: Shape) -> tuple[float, float, float]:
+    """(memory-bound, eager upcast, streaming) bytes per logit of the engine's loss
+    (engine/loss.py), forward + backward. The forward upcasts the bf16 logits (read 2,
+    write 4) and takes their log-softmax (read 4, write 4); the backward zeroes the
+    fp32 gradient for the NLL's scatter (4), runs the log-softmax's backward (read the
+    gradient and the output, write 4: 12) and casts the gradient down (read 4, write 2).
+    A chunked loss is checkpointed: its backward upcasts and takes the log-softmax again,
+    and the chunks' gradients are concatenated into the logits' (read 2, write 2)."""
+    b = sh.act_bytes
+    chunked = sh.tokens * m.vocab_size / sh.tp > LOSS_CHUNK_ELEMENTS
+    forwards = 2 if chunked else 1
+    upcast = forwards * (b + 4.0) if b < 4 else 0.0
+    downcast = 4.0 + b if b < 4 else 0.0
+    hbm = forwards * 8.0 + 12.0
+    stream = 4.0 + downcast + (2.0 * b if chunked else 0.0)
+    return hbm, upcast, stream
 
 
 _KIND_WORK = {"attention": _attention_work, "mlp": _mlp_work, "moe": _moe_work, "mamba": _mamba_work, "embedding": _embedding_work, "head": _head_work}
