@@ -38,6 +38,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from trainbench.catalog import recipes
 from trainbench.catalog.references import REFERENCES
@@ -47,8 +48,9 @@ from trainbench.planning import build_plan
 from trainbench.predict import calibrate
 from trainbench.predict.constants import Constants, default_constants, transfer_constants
 from trainbench.predict.context import MegatronRun
+from trainbench.predict.hardware_profile import predict_with_profile, read_facts
 from trainbench.predict.perf import predict_step
-from trainbench.predict.project_runs import PROJECT_RUNS, group_errors
+from trainbench.predict.project_runs import PROBE_PROFILES, PROJECT_RUNS, group_errors
 from trainbench.predict.published import published_plan
 
 # The published runs shard with Megatron's distributed optimizer, or Megatron FSDP where a
@@ -442,6 +444,9 @@ def accuracy_splits(sweeps: int = SWEEPS) -> dict:
     }
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def seed_group(run: calibrate.MeasuredRun) -> str:
     return f"seed cells {run.plan.gpu_type} dense {run.plan.dtype}"
 
@@ -459,6 +464,9 @@ def predict_project(constants: Constants | None) -> list[dict]:
         row = {"row": run.name, "measured_s": run.step_time_s,
                "predicted_s": pred.step_time_s,
                "error_pct": 100 * (pred.step_time_s / run.step_time_s - 1)}
+        if constants is None and run.gpu in PROBE_PROFILES:
+            probed, _ = predict_with_profile(plan, read_facts(ROOT / PROBE_PROFILES[run.gpu]))
+            row["probe_error_pct"] = 100 * (probed.step_time_s / run.step_time_s - 1)
         if run.peak_gib is not None:
             row.update(measured_peak_gib=run.peak_gib, peak_kind=run.peak_kind,
                        predicted_peak_gib=pred.memory.total_gib,
@@ -488,6 +496,8 @@ def accuracy_by_group(in_pairs, out_pairs, held_rows, moe_rows, fitted: Constant
                          in_sample_max_pct=ins[name].max_abs_pct)
         if name.startswith("project run: "):
             entry["default_constants_error_pct"] = default[name[13:]]["error_pct"]
+            if "probe_error_pct" in default[name[13:]]:
+                entry["probe_error_pct"] = default[name[13:]]["probe_error_pct"]
         groups.append(entry)
     target = ([e for _, e in project] + [e for n, e in held if " h100 " not in n + " "]
               + [e for _, e in moe])
@@ -502,7 +512,9 @@ def print_groups(acc: dict) -> None:
     for g in acc["groups"]:
         ins = (f"{g['in_sample_mean_pct']:5.1f} / {g['in_sample_max_pct']:5.1f}%"
                if "in_sample_mean_pct" in g else "      -        ")
-        extra = (f"  (predict's default constants {g['default_constants_error_pct']:+.1f}%)"
+        extra = (f"  (predict's default constants {g['default_constants_error_pct']:+.1f}%"
+                 + (f", with the GPU's probe {g['probe_error_pct']:+.1f}%"
+                    if "probe_error_pct" in g else "") + ")"
                  if "default_constants_error_pct" in g else "")
         print(f"  {g['group'][:86]:86} {g['n']:3d}  in-sample {ins}  held out "
               f"{g['held_out_mean_pct']:5.1f} / {g['held_out_max_pct']:5.1f}%{extra}")
@@ -556,13 +568,15 @@ def print_splits(acc: dict) -> None:
 
 def print_project(rows: list[dict]) -> None:
     print("\nThe project's own GPU runs (predict.project_runs) under predict's default "
-          "constants: step time, and peak memory where the run logged it")
+          "constants, and with `predict --hardware` given that GPU type's probe profile "
+          "(project_runs.PROBE_PROFILES): step time, and peak memory where the run logged it")
     for r in rows:
         memory = (f"  peak {r['measured_peak_gib']:6.1f} GiB {r['peak_kind']:9} predicted "
                   f"{r['predicted_peak_gib']:6.1f}  {r['memory_error_pct']:+6.1f}%"
                   if "measured_peak_gib" in r else "")
+        probed = (f"  probe {r['probe_error_pct']:+6.1f}%" if "probe_error_pct" in r else "")
         print(f"    {r['row'][:84]:84} {r['measured_s']:7.4f} s  predicted "
-              f"{r['predicted_s']:7.4f} s  {r['error_pct']:+6.1f}%{memory}")
+              f"{r['predicted_s']:7.4f} s  {r['error_pct']:+6.1f}%{probed}{memory}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,3 +84,50 @@ def test_fp8_linear_bench_runs_eager_on_a_cpu():
         assert float(line.split()[-4]) > 0, line  # ms per pass
     assert not any("failed" in ln or "compiled" in ln for ln in lines)
     assert lines[-1] == "no GPU found: tiny CPU shape, FP8 emulated, no speed-up"
+
+
+def test_kernels_are_sorted_into_kinds_by_name():
+    """Kernel names from the H200 profile of 2026-11-28 (docs/gpu-runs/2026-11-28-h200/
+    moe_235b_bf16.log), each under the kind the profile's summary charges it to."""
+    sys.path.insert(0, str(BENCH.parent))
+    import gpu_mfu
+    named = {
+        "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "gemm",
+        "_ZN7cutlass13device_kernelIN2at4cuda6detail25enable_3x_kernel_for_sm9xINS_4gemm6k"
+        "ernel13GemmUniversalINS5_17GroupProblemShape": "gemm",
+        "triton_tem_fused_mm_1": "gemm",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26": "attention",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(an"
+        "onymous namespace)::FusedOptimizerTensorListMetadata<4>, at::native::(anonymous "
+        "namespace)::FusedAdamMathFunctor<float, 4": "optimizer",
+        "triton_poi_fused_index_put_new_zeros_5": "triton fused",
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda"
+        "(at::TensorIteratorBase&)": "copy or cast",
+        "void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, "
+        "true, at::native::(anonymous namespace)::ReduceAdd>": "index, sort, scatter",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>"
+        ", std::array<char*, 3ul> >": "elementwise",
+        "ncclDevKernel_AllGather_RING_LL": "communication",
+    }
+    for name, kind in named.items():
+        assert gpu_mfu.kernel_kind(name) == kind, name
+
+
+def test_annotations_are_not_kernels():
+    """A real profile's labelled spans (record_function, as the optimizer and FSDP label
+    theirs) are annotations; the operators under them are not."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+    sys.path.insert(0, str(BENCH.parent))
+    import gpu_mfu
+
+    spans = ("Optimizer.step#AdamW.step", "FSDP::post_backward_reduce (layers.1)")
+    x = torch.ones(8, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for span in spans:
+            with record_function(span):
+                x = x @ x
+    events = {e.key: e for e in prof.key_averages()}
+    for span in spans:
+        assert gpu_mfu.is_annotation(events[span]), span
+    assert not gpu_mfu.is_annotation(events["aten::mm"])

@@ -29,6 +29,13 @@ from dataclasses import dataclass, field
 H100_LOGS = "docs/gpu-runs/2026-11-26-h100"
 H200_LOGS = "docs/gpu-runs/2026-11-27-h200"
 H200_LOGS_28 = "docs/gpu-runs/2026-11-28-h200"
+PROBE_PROFILES = {
+    "h100": f"{H100_LOGS}/hardware-profile-h100.json",
+    "h200": f"{H200_LOGS_28}/accept_checks/runs/probe/probes/probe_h200_ranks1_20261128-063316/"
+            "hardware-profile.json",
+}
+"""`trainbench probe`'s profile of each GPU type the project ran on (the H200's from the
+2026-11-28 lease, a day after that type's first runs): predict --hardware's figures."""
 ONE_RANK = {"tp": 1, "cp": 1, "pp": 1, "dp": 1}
 # bench/gpu_moe.py's one-GPU MoE shape (ONE_GPU there).
 MOE_PROXY = dict(ONE_RANK, ep=1, vp=1, seq_len=4096, mbs=1, gbs=2)
@@ -52,6 +59,9 @@ class ProjectRun:
     peak_gib: float | None = None
     peak_kind: str | None = None
     """'allocated' or 'reserved': which of the allocator's peaks `peak_gib` is."""
+    metrics: str | None = None
+    """The run's metrics.jsonl (under log_dir), where its allocated peak
+    (`peak_allocated_bytes`) is read from."""
 
     @property
     def name(self) -> str:
@@ -77,14 +87,22 @@ def _moe_proxy(label: str, size: str, dtype: str, step_s: float, peak_gib: float
 
 def _accept_row(label: str, workload: str, size: str, dtype: str, step_s: float,
                 peak_gib: float, log: str, steps: int = 8, log_dir: str = H200_LOGS,
-                **shape) -> ProjectRun:
+                metrics: str | None = None, **shape) -> ProjectRun:
+    """A row of `trainbench accept`: its reserved peak, or, where `metrics` names the run's
+    metrics.jsonl (which records it from 2026-11-28 on), its allocated peak."""
     sets = " ".join(f"{k}={v}" for k, v in shape.items() if k != "ssd_scan")
     return ProjectRun(label, dtype, step_s, log,
                       f'trainbench run -w {workload} -s {size} --dtype {dtype} --scale 1 '
                       f'--gpu h200 --steps {steps} --set "{sets} tp=1 pp=1 cp=1 dp=1" (from '
                       f'`trainbench accept`)', workload=workload, size=size, gpu="h200",
                       overrides=dict(ONE_RANK, **shape), log_dir=log_dir, peak_gib=peak_gib,
-                      peak_kind="reserved")
+                      peak_kind="allocated" if metrics else "reserved", metrics=metrics)
+
+
+def _accept_metrics(label: str, run_dir: str) -> str:
+    """accept_dense/'s metrics.jsonl of one row."""
+    workload_dir = run_dir.rsplit("_", 1)[0]
+    return f"accept_dense/runs/{label}/experiments/{workload_dir}/{run_dir}/metrics.jsonl"
 
 
 _GPU_MFU_8 = "python bench/gpu_mfu.py --layers 8 --dtypes bf16,fp8 --no-hf"
@@ -133,17 +151,25 @@ PROJECT_RUNS = (
                 0.563, 84.5, "accept_fp8/logs/nemotronh-fp8.log", layers=3, mbs=1, gbs=2,
                 ssd_scan="torch"),
     _accept_row("Nemotron-4 15B proxy 2 layers", "pretrain_nemotron4", "15b", "bf16", 0.2884,
-                81.3, "accept_dense/logs/nemotron4-bf16.log", steps=6, log_dir=H200_LOGS_28,
+                72.39, "accept_dense/logs/nemotron4-bf16.log", steps=6, log_dir=H200_LOGS_28,
+                metrics=_accept_metrics("nemotron4-bf16",
+                                        "pretrain_nemotron4_15b_bf16_gpus1_20261128-063409"),
                 layers=2, mbs=1, gbs=2),
     _accept_row("Nemotron-H 56B proxy 3 layers (M-*)", "pretrain_nemotronh", "56b", "bf16",
-                0.491, 70.4, "accept_dense/logs/nemotronh-bf16.log", steps=6,
-                log_dir=H200_LOGS_28, layers=3, mbs=1, gbs=2, ssd_scan="torch"),
+                0.491, 62.42, "accept_dense/logs/nemotronh-bf16.log", steps=6,
+                log_dir=H200_LOGS_28,
+                metrics=_accept_metrics("nemotronh-bf16",
+                                        "pretrain_nemotronh_56b_bf16_gpus1_20261128-063447"),
+                layers=3, mbs=1, gbs=2, ssd_scan="torch"),
     # Its iterations 1-3 (0.56 s) shared the GPU with the probe that the lease's previous
     # step had left running past its time limit; the window's mean (0.455 s) is theirs.
     # Iteration 5, the GPU its own, is the figure: 0.2455 s.
     _accept_row("Llama 2 70B proxy 2 layers (last iteration)", "pretrain_llama2", "70b",
-                "bf16", 0.2455, 41.7, "accept_dense/logs/llama2-bf16.log", steps=6,
-                log_dir=H200_LOGS_28, layers=2, mbs=1, gbs=2),
+                "bf16", 0.2455, 37.75, "accept_dense/logs/llama2-bf16.log", steps=6,
+                log_dir=H200_LOGS_28,
+                metrics=_accept_metrics("llama2-bf16",
+                                        "pretrain_llama2_70b_bf16_gpus1_20261128-063324"),
+                layers=2, mbs=1, gbs=2),
 )
 
 
