@@ -2,9 +2,12 @@
 # The next GPU checks, sized for one short lease of one GPU (about 9 minutes of command
 # time): each step under its own time limit and never past the lease's budget, the logs
 # packed into OUT_DIR after every step, so a lease that ends early still returns what
-# ran. Highest value first: the MoE proxies' operator breakdown (where predict misses
-# 22-43%), the accept rows' allocated peaks (metrics.jsonl's peak_allocated_bytes), then
-# the accept rows no GPU has run. bench/gpu_checks.sh is the unhurried version.
+# ran. Highest value first: the FP8 proxies' kernel breakdowns (where predict still misses
+# 13-29%: FSDP's float8 all-gather casts, torchao's eager passes), the cast rates and a
+# probe on this GPU type (the H200's probe timed attention at 188 TFLOPS where the MoE
+# proxies' own cuDNN kernels ran near 420), then the accept rows no GPU has run. One
+# process per dtype: compiling two proxies in one process ran past 130 s on the H200.
+# bench/gpu_checks.sh is the unhurried version.
 #
 #   BUDGET=540 bash bench/gpu_lease.sh OUT_DIR    (PYTHONPATH=src, or trainbench installed)
 # torchao travels as a wheel: docs/gpu-acceptance.md, "Bringing torchao".
@@ -34,12 +37,13 @@ step() {  # step NAME SECONDS COMMAND...: within what is left of the budget, the
   "$py" -c "import torchao; print('torchao', torchao.__version__)" || true
 } >> "$summary" 2>&1
 step import_all 60 "$py" bench/import_all.py
-moe="$py bench/gpu_moe.py --steps 5 --warmup 3 --no-layer --top 40"
-step moe_235b_bf16 150 $moe --proxies qwen3-235b --dtypes bf16 --json "$work/moe_235b_bf16.json"
-step moe_30b 150 $moe --proxies qwen3-30b --dtypes bf16,fp8 --json "$work/moe_30b.json"
-step accept_peaks 150 "$py" -m trainbench.cli accept --only llama3.1-fp8,deepseek_v3-bf16 \
-    --steps 8 --time-limit 70 --out "$work/accept_peaks"
-step accept_new 240 "$py" -m trainbench.cli accept --only checkpoint,profile,nemotronh-bf16 \
-    --steps 8 --time-limit 80 --out "$work/accept_new"
-step fp8_linear 90 "$py" bench/fp8_linear.py
+moe="$py bench/gpu_moe.py --steps 3 --warmup 2 --no-layer --top 40"
+step moe_dsv3_fp8 110 $moe --proxies deepseek-v3 --dtypes fp8 --json "$work/moe_dsv3_fp8.json"
+step moe_235b_fp8 110 $moe --proxies qwen3-235b --dtypes fp8 --json "$work/moe_235b_fp8.json"
+step cast_rates 60 "$py" bench/cast_rates.py
+step probe 90 "$py" -m trainbench.cli probe --scale 1 --root "$work/probe"
+step accept_fp8 200 "$py" -m trainbench.cli accept --only nemotronh-fp8,llama2-fp8,nemotron4-fp8 \
+    --steps 6 --time-limit 65 --out "$work/accept_fp8"
+step accept_rest 150 "$py" -m trainbench.cli accept --only llama3.1-bf16,deepseek_v3-fp8 \
+    --steps 6 --time-limit 70 --out "$work/accept_rest"
 echo "done at +$(( $(date +%s) - start ))s" >> "$summary"; pack
