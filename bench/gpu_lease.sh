@@ -5,7 +5,7 @@
 # ran. Highest value first: the FP8 proxies' kernel breakdowns (where predict still misses
 # 13-29%: FSDP's float8 all-gather casts, torchao's eager passes), the cast rates and a
 # probe on this GPU type (the H200's probe timed attention at 188 TFLOPS where the MoE
-# proxies' own cuDNN kernels ran near 420), then the accept rows no GPU has run. One
+# proxies' own cuDNN kernels ran at 360-450), then the accept rows no GPU has run. One
 # process per dtype: compiling two proxies in one process ran past 130 s on the H200.
 # bench/gpu_checks.sh is the unhurried version.
 #
