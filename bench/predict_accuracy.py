@@ -42,8 +42,8 @@ from pathlib import Path
 
 from trainbench.catalog import recipes
 from trainbench.catalog.references import REFERENCES
-from trainbench.catalog.heldout import (HELD_OUT, HELD_OUT_MOE, HeldOutRow, offload_layers,
-                                        te_cross_entropy)
+from trainbench.catalog.heldout import (HELD_OUT, HELD_OUT_MOE, HeldOutRow, moe_dispatcher,
+                                        offload_layers, te_cross_entropy)
 from trainbench.planning import build_plan
 from trainbench.predict import calibrate
 from trainbench.predict.constants import Constants, default_constants, transfer_constants
@@ -177,7 +177,8 @@ def predict_heldout(constants: Constants, measured_gemm: bool = True) -> list[di
 def predict_moe(constants: Constants) -> list[dict]:
     """The published MoE rows (catalog.heldout.HELD_OUT_MOE), predicted with the given
     constants (fitted on the dense seed cells only; nothing is fitted on MoE rows) carried
-    to each row's GPU type, under Megatron's distributed optimizer as the rows ran."""
+    to each row's GPU type, under Megatron's distributed optimizer and with the
+    dispatcher the rows ran (catalog.heldout.moe_dispatcher)."""
     out = []
     for row in HELD_OUT_MOE:
         plan = published_plan(row.workload, row.size, row.dtype, row.gpus, row.gpu_type,
@@ -185,7 +186,8 @@ def predict_moe(constants: Constants) -> list[dict]:
                               mbs=row.mbs, gbs=row.gbs, seq_len=row.seq_len,
                               source=row.source)
         c = transfer_constants(constants, row.gpu_type)[0]
-        pred = predict_step(plan, sharding="distributed_optimizer", constants=c)
+        pred = predict_step(plan, sharding="distributed_optimizer", constants=c,
+                            megatron=MegatronRun(moe_dispatcher=moe_dispatcher(row)))
         out.append({"row": row.key, "gpu": row.gpu_type, "source": row.source,
                     "measured_s": row.step_time_s, "predicted_s": pred.step_time_s,
                     "error_pct": 100 * (pred.step_time_s / row.step_time_s - 1),

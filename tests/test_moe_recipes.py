@@ -197,3 +197,37 @@ def test_expert_optimizer_state_is_sharded_over_expert_data_ranks_only():
     assert pred.memory.optimizer == pytest.approx(12 * (dense / 16 + expert))
     # All 128 experts would be 16x the expert weights this rank holds.
     assert total < 48 * 128 * 3 * 2048 * 768 / 4
+
+
+def test_the_qwen3_235b_h100_rows_ran_the_alltoall_dispatcher():
+    """catalog.heldout's recipe fact: Megatron-Bridge's Qwen3 235B-A22B H100 rows (25.09 to
+    26.04.01) dispatched with Megatron-Core's alltoall dispatcher; every other MoE row
+    with the flex one."""
+    from trainbench.catalog.heldout import moe_dispatcher
+    alltoall = [r for r in HELD_OUT_MOE if moe_dispatcher(r) == "alltoall"]
+    assert len(alltoall) == 4
+    assert all(r.size == "235b_a22b" and r.gpu_type == "h100" for r in alltoall)
+    assert {moe_dispatcher(r) for r in HELD_OUT_MOE if r not in alltoall} == {"flex"}
+
+
+def test_the_alltoall_dispatcher_sends_a_row_per_chosen_expert():
+    """Under MegatronRun(moe_dispatcher='alltoall') a Megatron run's four token exchanges
+    of an MoE layer are comm's all-to-all of a row per chosen expert, where the flex
+    dispatcher's are its per-node dispatch; the rest of the step is the same."""
+    from trainbench.predict import comm, perf
+    from trainbench.predict.context import MegatronRun, make_context
+    row = next(r for r in HELD_OUT_MOE if r.size == "235b_a22b" and r.gpu_type == "h100")
+    plan = _plan(row)
+    times = {}
+    for dispatcher, expected in (("flex", comm.PER_NODE), ("alltoall", comm.ALL_TO_ALL)):
+        ctx = make_context(plan, sharding="distributed_optimizer",
+                           megatron=MegatronRun(moe_dispatcher=dispatcher))
+        assert ctx.ep_dispatch == expected
+        lw = ctx.work["moe"]
+        one = moe_dispatch_s(lw.ep_token_bytes, plan.model.top_k, ctx.groups.ep, ctx.device,
+                             expected)
+        times[dispatcher] = perf.layer_time(lw, ctx)
+        assert times[dispatcher].ep_comm == pytest.approx(4 * one)
+    flex, alltoall = times["flex"], times["alltoall"]
+    assert alltoall.ep_comm > flex.ep_comm  # 8 rows a token against its remote nodes
+    assert alltoall.compute == pytest.approx(flex.compute)

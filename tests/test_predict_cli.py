@@ -193,12 +193,14 @@ def test_a_megatron_runs_loss_and_offload_are_predict_options():
                  "--format", "json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["megatron_run"] == {"fused_loss": True, "offload_layers": 20}
+    assert data["megatron_run"] == {"fused_loss": True, "offload_layers": 20,
+                                    "moe_dispatcher": "flex"}
     assert data["fits"] is True
     assert "first 20 layers in host memory" in data["sharding_assumption"]
     plain = json.loads(invoke(*GB300_ROW, "--sharding", "fsdp", "--format", "json").stdout)
     assert plain["fits"] is False
-    assert plain["megatron_run"] == {"fused_loss": False, "offload_layers": 0}
+    assert plain["megatron_run"] == {"fused_loss": False, "offload_layers": 0,
+                                     "moe_dispatcher": "flex"}
 
 
 @pytest.mark.parametrize("args,message", [
@@ -206,6 +208,10 @@ def test_a_megatron_runs_loss_and_offload_are_predict_options():
     (("--sharding", "fsdp", "--loss", "liger"), "unknown --loss 'liger'; use unfused or te"),
     (("--sharding", "fsdp", "--offload-layers", "80"), "fewer layers than the model has"),
     (("--sharding", "fsdp", "--offload-layers", "4"), "PP1 only"),
+    (("--sharding", "fsdp", "--moe-dispatcher", "deepep"),
+     "unknown --moe-dispatcher 'deepep'; use flex or alltoall"),
+    (("--sharding", "fsdp", "--moe-dispatcher", "alltoall"), "has no experts; drop it"),
+    (("--moe-dispatcher", "alltoall"), "trainbench's engine does not have"),
 ])
 def test_megatron_run_options_bad_input_is_one_line_and_exit_code_2(args, message):
     row = GB300_ROW

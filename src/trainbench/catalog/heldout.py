@@ -99,6 +99,21 @@ gradient into them (`transformer_engine/pytorch/cross_entropy.py`: it saves `_in
 target and per-token statistics): 2 bytes per logit, where Megatron's unfused
 vocabulary-parallel loss, which predict charges, holds 10.
 
+Recipe facts beyond the tables: the MoE dispatcher
+--------------------------------------------------
+Most of the MoE rows ran Megatron-Core's flex dispatcher (DeepEP on H100, HybridEP on
+GB200 / GB300), which sends a token once to each remote node. The Qwen3 235B-A22B H100
+rows ran its alltoall dispatcher, a row per chosen expert: at 25.09 the performance
+script applies token drop (`scripts/performance/run_script.py` @fa0315a), and
+`apply_moe_token_drop` asserts the alltoall dispatcher, the Qwen3 MoE provider's default
+(`src/megatron/bridge/models/qwen/qwen_provider.py` @fa0315a); at 25.11 the H100 FP8-CS
+preset names no flex backend (`scripts/performance/configs/qwen/
+qwen3_workload_base_configs.py` @5776a6d), so the provider's alltoall stays; at 26.02 and
+26.04.01 `qwen3_235b_a22b_pretrain_config_h100` sets `moe_token_dispatcher_type =
+"alltoall"` (`configs/qwen/qwen3_llm_pretrain.py` @c0b9a00, @21d102f).
+RECIPE_MOE_DISPATCHER gives them; Qwen3 30B-A3B's H100 rows with EP8 keep their experts in
+one node, where the two dispatchers move the same bytes.
+
 NeMo's LLAMA3 rows are Llama 3 models; trainbench's pretrain_llama3.1 8B / 70B / 405B have
 the same layers, widths and vocabulary (3.1 changed RoPE scaling and the training context,
 not the shapes a pretraining step at seq 8192 runs).
@@ -367,6 +382,19 @@ def offload_layers(row: HeldOutRow) -> int:
 # The tables whose runs used Transformer Engine's fused cross entropy (see "the loss").
 TE_CROSS_ENTROPY_SOURCES = frozenset({MB_2509, MB_2511, MB_2602, MB_260201, MB_2604, MB_260401,
                                       MB_2606, NEMO_2507_GB200})
+
+
+RECIPE_MOE_DISPATCHER: dict[tuple[str, str, str], str] = {
+    (src, "h100", "235b_a22b"): "alltoall"
+    for src in (MB_2509_MOE, MB_2511_MOE, MB_2602_MOE, MB_260401_MOE)
+}
+"""(table, GPU type, size) -> the MoE rows' dispatcher where it is not the flex one (see
+"Recipe facts" above)."""
+
+
+def moe_dispatcher(row: HeldOutRow) -> str:
+    """The dispatcher the row's run sent its MoE tokens with: 'flex' or 'alltoall'."""
+    return RECIPE_MOE_DISPATCHER.get((row.source, row.gpu_type, row.size), "flex")
 
 
 def te_cross_entropy(row: HeldOutRow) -> bool:

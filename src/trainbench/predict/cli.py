@@ -24,7 +24,7 @@ from ..plan import PlanError
 from ..planning import build_plan
 from .calibrate import CalibrationError, find_runs, fit, store
 from .constants import calibrated_values
-from .context import ENGINE, SHARDINGS, MegatronRun
+from .context import ENGINE, MOE_DISPATCHERS, SHARDINGS, MegatronRun
 from .hardware_profile import (HardwareProfileError, device_and_constants, predict_with_profile,
                                read_facts)
 from .memory import verdict
@@ -81,10 +81,17 @@ def predict(
         help="Layers whose activations a Megatron-LM run keeps in host memory "
              "(its cpu_offloading_num_layers; PP1 only; NVIDIA's FSDP recipes on "
              "GB200 / GB300 set it). Memory only: the transfers are not charged."),
+    moe_dispatcher: str = typer.Option(
+        "flex", "--moe-dispatcher",
+        help="How a Megatron-LM MoE run dispatches its tokens (with --sharding recipe or "
+             "distributed_optimizer): flex (default; DeepEP / HybridEP, a token sent once "
+             "per remote node) or alltoall (Megatron-Core's alltoall dispatcher, a row per "
+             "chosen expert, as Megatron-Bridge's Qwen3 235B-A22B H100 rows ran)."),
 ):
     """Predict step time, tokens/s, MFU and memory per GPU before launching."""
-    _check_choices(fmt, sharding, loss)
-    megatron = MegatronRun(fused_loss=loss == "te", offload_layers=offload_layers)
+    _check_choices(fmt, sharding, loss, moe_dispatcher)
+    megatron = MegatronRun(fused_loss=loss == "te", offload_layers=offload_layers,
+                           moe_dispatcher=moe_dispatcher)
     try:
         config = load_config()
     except ValueError as err:
@@ -118,13 +125,15 @@ def _calibrated(config: dict, gpu: str) -> bool:
     return bool(calibrated_values(config, gpu))
 
 
-def _check_choices(fmt: str, sharding: str, loss: str) -> None:
+def _check_choices(fmt: str, sharding: str, loss: str, moe_dispatcher: str) -> None:
     if fmt not in FORMATS:
         fail(f"unknown --format {fmt!r}; use table or json")
     if sharding not in SHARDINGS:
         fail(f"unknown --sharding {sharding!r}; use one of {', '.join(SHARDINGS)}")
     if loss not in LOSSES:
         fail(f"unknown --loss {loss!r}; use {' or '.join(LOSSES)}")
+    if moe_dispatcher not in MOE_DISPATCHERS:
+        fail(f"unknown --moe-dispatcher {moe_dispatcher!r}; use {' or '.join(MOE_DISPATCHERS)}")
 
 
 def _check_calibrate_alone(hardware, megatron) -> None:
@@ -185,7 +194,8 @@ def _predict(workload, size, dtype, scale, gpu, overrides, config, sharding, fmt
                            profile=None if facts is None else facts.path)
     if sharding != "engine":
         data["megatron_run"] = {"fused_loss": megatron.fused_loss,
-                                "offload_layers": megatron.offload_layers}
+                                "offload_layers": megatron.offload_layers,
+                                "moe_dispatcher": megatron.moe_dispatcher}
     if "dp_sharding" not in overrides:
         data["dp_sharding_alternatives"] = _sharding_alternatives(plan, facts, sharding, config)
     if fmt == "json":

@@ -33,18 +33,28 @@ SHARDINGS = (ENGINE, "recipe", DISTRIBUTED_OPTIMIZER, FSDP)
 FSDP_RECIPES = (recipes.SEED_LLAMA2, recipes.TINY)
 
 
+FLEX_DISPATCHER, ALLTOALL_DISPATCHER = "flex", "alltoall"
+MOE_DISPATCHERS = (FLEX_DISPATCHER, ALLTOALL_DISPATCHER)
+
+
 @dataclass(frozen=True)
 class MegatronRun:
     """What a Megatron-LM run did that a plan does not say, and trainbench's engine does not
-    do: `predict --loss te --offload-layers N` for the runs behind NVIDIA's later tables
-    (catalog.heldout, "Recipe facts beyond the tables"). The default is how the seeds ran
-    (NeMo 24.09-25.04): Megatron's unfused loss, nothing offloaded."""
+    do: `predict --loss te --offload-layers N --moe-dispatcher D` for the runs behind
+    NVIDIA's later tables (catalog.heldout, "Recipe facts beyond the tables"). The default
+    is how the seeds ran (NeMo 24.09-25.04): Megatron's unfused loss, nothing offloaded,
+    and the flex dispatcher of NVIDIA's MoE recipes."""
     fused_loss: bool = False
     """Transformer Engine's fused cross entropy (work.Shape.fused_loss)."""
     offload_layers: int = 0
     """Transformer layers whose activations the run kept in host memory (Megatron's
     `cpu_offloading_num_layers`): the first ones of the model. Their transfers overlap
     compute in the recipes and are not charged."""
+    moe_dispatcher: str = "flex"
+    """How the run's MoE tokens reached their experts: 'flex' (Megatron-Core's flex
+    dispatcher with DeepEP or HybridEP, a token sent once per remote node: comm's
+    per-node dispatch) or 'alltoall' (its alltoall dispatcher, a row per chosen expert,
+    as Megatron-Bridge's Qwen3 235B-A22B H100 rows ran: catalog.heldout)."""
 
     @property
     def default(self) -> bool:
@@ -52,6 +62,9 @@ class MegatronRun:
 
     def describe(self) -> str:
         parts = []
+        if self.moe_dispatcher == ALLTOALL_DISPATCHER:
+            parts.append("MoE tokens through Megatron-Core's alltoall dispatcher (a row per "
+                         "chosen expert)")
         if self.fused_loss:
             parts.append("the loss as Transformer Engine's fused cross entropy (2 B per logit)")
         if self.offload_layers:
@@ -68,7 +81,12 @@ def check_megatron_run(plan: Plan, sharding: str, run: MegatronRun) -> None:
         return
     flags = " and ".join(f for f, on in (("--loss te", run.fused_loss),
                                         (f"--offload-layers {run.offload_layers}",
-                                         run.offload_layers)) if on)
+                                         run.offload_layers),
+                                        (f"--moe-dispatcher {run.moe_dispatcher}",
+                                         run.moe_dispatcher != FLEX_DISPATCHER)) if on)
+    if run.moe_dispatcher not in MOE_DISPATCHERS:
+        raise ValueError(f"--moe-dispatcher {run.moe_dispatcher}: unknown; expected one of "
+                         + ", ".join(MOE_DISPATCHERS))
     if sharding == ENGINE:
         raise ValueError(f"{flags}: a setting of a Megatron-LM run, which trainbench's engine "
                          "does not have; add --sharding recipe (or distributed_optimizer / "
@@ -78,6 +96,9 @@ def check_megatron_run(plan: Plan, sharding: str, run: MegatronRun) -> None:
                          f"{plan.workload} {plan.size} is not one ({plan.recipe_source}); "
                          "add --sharding distributed_optimizer or fsdp to predict a "
                          "Megatron run of this plan")
+    if run.moe_dispatcher != FLEX_DISPATCHER and not plan.model.is_moe:
+        raise ValueError(f"--moe-dispatcher {run.moe_dispatcher}: a setting of an MoE run, and "
+                         f"{plan.workload} {plan.size} has no experts; drop it")
     layers = plan.model.layers
     if run.offload_layers < 0:
         raise ValueError(f"--offload-layers {run.offload_layers}: must be 0 or more")
@@ -123,14 +144,16 @@ class Context:
 
     @property
     def ep_dispatch(self) -> str:
-        """How MoE tokens reach their experts (comm.moe_dispatch_s): 'per_node' for the
-        Megatron-LM runs (NVIDIA's MoE performance recipes dispatch with DeepEP on H100 in
-        25.09 and with the flex dispatcher's DeepEP / HybridEP backends from 25.11 on:
-        Megatron-Bridge scripts/performance, run_script.py @fa0315a and
+        """How MoE tokens reach their experts (comm.moe_dispatch_s): 'per_node' for a
+        Megatron-LM run with the flex dispatcher (most of NVIDIA's MoE performance recipes:
+        DeepEP on H100 in 25.09, the flex dispatcher's DeepEP / HybridEP backends from
+        25.11 on: Megatron-Bridge scripts/performance, run_script.py @fa0315a and
         configs/{deepseek,qwen}/*_workload_base_configs.py @5776a6d, c0b9a00, 21d102f),
-        'all_to_all' otherwise, as the engine runs it (one all_to_all_single row per
-        chosen expert)."""
-        return PER_NODE if self.sharding == DISTRIBUTED_OPTIMIZER else ALL_TO_ALL
+        'all_to_all' for one with the alltoall dispatcher (MegatronRun.moe_dispatcher) and
+        for the engine (one all_to_all_single row per chosen expert)."""
+        megatron = self.sharding == DISTRIBUTED_OPTIMIZER
+        return PER_NODE if megatron and self.megatron.moe_dispatcher == FLEX_DISPATCHER \
+            else ALL_TO_ALL
 
     @property
     def microbatches(self) -> int:
