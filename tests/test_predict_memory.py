@@ -282,3 +282,31 @@ def test_mla_keeps_its_latents_and_the_out_projections_input_by_hand():
         assert _kept(engine, "attention", "selective") == 2 * 2 * norm + latents + out * out_bytes
     recipe = make_context(p, sharding="recipe")
     assert _kept(recipe, "attention", "selective") == (2 + 1) * norm + latents + out * 1
+
+
+@pytest.mark.parametrize("dtype,state_bytes", [("bf16", 4.0), ("fp8", 6.0)])
+def test_the_340b_seed_runs_apex_adam_with_bf16_state(dtype, state_bytes):
+    """Seed 000's Nemotron-4 340B runs (NeMo 1.x, catalog.recipes.APEX_BF16_ADAM_RECIPES)
+    kept Apex's DistributedFusedAdam state in bf16: the two moments (4 B a parameter) and,
+    in FP8 (fp8_params), a bf16 master shard (2 B), sharded over DP, against
+    Megatron-Core's fp32 master weights and moments (12 B). Under fp8_params each FP8
+    layer's weight is its 1 B FP8 tensor; Megatron-Core keeps the bf16 weight and an FP8
+    copy (2 + 1 B). The same plan run with Megatron-Core's optimizer is the comparison."""
+    from dataclasses import replace
+
+    from trainbench.catalog import recipes
+    from trainbench.predict.perf import predict_step
+    plan = build_plan("pretrain_nemotron4", "340b", dtype, 128, "h100")
+    assert plan.recipe_source == recipes.SEED_NEMOTRON4_340B_OLD and plan.layout.dp == 2
+    apex = predict_step(plan, sharding="recipe").memory
+    assert plan.adam_moments == "bf16"  # the engine's plan for the row keeps them so too
+    core = predict_step(replace(plan, recipe_source="--set", adam_moments="fp32"),
+                        sharding="distributed_optimizer").memory
+    params = core.gradients / 2  # bf16 gradients: every parameter this rank holds
+    assert apex.gradients == pytest.approx(core.gradients)
+    assert apex.optimizer == pytest.approx(core.optimizer * state_bytes / 12)
+    fp8_layer_params = core.weights - 2 * params  # the FP8 copies, 1 B each
+    assert (fp8_layer_params > 0) is (dtype == "fp8")
+    assert apex.weights == pytest.approx(2 * (params - fp8_layer_params) + fp8_layer_params)
+    assert apex.activations == pytest.approx(core.activations)
+    assert apex.total_gib < 78.8 < core.total_gib  # fits the H100 it ran on

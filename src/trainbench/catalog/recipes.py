@@ -15,6 +15,22 @@ SEED_LLAMA2 = "seed 001 (MaxText Llama 2 70B recipe)"
 SEED_NEMOTRON4 = "seed 003 (NeMo 2 Nemotron-4 recipe)"
 SEED_NEMOTRON4_340B_OLD = "seed 000 (NeMo Launcher 24.11 Nemotron-4 340B recipe)"
 SEED_NEMOTRONH = "seed 004 (NeMo 2 Nemotron-H recipe)"
+
+APEX_BF16_ADAM_RECIPES = (SEED_NEMOTRON4_340B_OLD,)
+"""Recipes whose published runs optimized with Apex's DistributedFusedAdam holding its
+state in bf16, not Megatron-Core's distributed optimizer (fp32 master weights and
+moments). Seed 000 runs NeMo 1.x's `megatron_gpt_pretraining.py` in the nemo:24.09
+container with `nemotron4-340b-synth.yaml`, whose `optim:` is NeMo Framework Launcher's
+`nemotron_340b.yaml` one (`name: distributed_fused_adam`, `dtype: bf16`, `grad_sync_dtype:
+bf16`; launcher tag 24.09r, commit 35e43939), and adds `+model.fp8_params=True` to its
+FP8 runs (NVIDIA/dgxc-benchmarking `nemotron/configure.sh`, tags v24.11.1 to v25.03).
+NeMo's `setup_optimization` then stores no master copy of the bf16 weights (optimizer
+dtype == model dtype: `store_params=False`) and a bf16 one under fp8_params
+(`megatron_base_model.py`, r2.0.0rc1 to v2.1.0), and Apex keeps both moments in that
+dtype (`apex/contrib/optimizers/distributed_fused_adam.py`, 2024-02 to 2024-10): 4 B a
+parameter in bf16, 6 B in FP8, sharded over data parallelism, against Megatron-Core's
+12 B. Under fp8_params each FP8 layer's weight is Transformer Engine's FP8 tensor itself
+(NeMo builds the model under `fp8_model_init`), with no bf16 copy beside it."""
 TINY = "trainbench tiny proxy"
 MB_MOE_H100_2509 = ("Megatron-Bridge docs/performance-summary.md @fa0315a (25.09), DGX-H100 "
                     "table; scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml "
@@ -59,14 +75,15 @@ class RecipeRow:
     """Megatron's pipeline layout string where the layers do not split evenly."""
     adam_moments: str = "fp32"
     """dtype of AdamW's moments in the published run ('bf16': Megatron's precision-aware
-    optimizer, master weights fp32)."""
+    optimizer, master weights fp32; or Apex's bf16-state Adam, APEX_BF16_ADAM_RECIPES).
+    The engine's plan for the row keeps its moments in the same dtype."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note="",
-          recompute="none"):
+          recompute="none", adam_moments="fp32"):
     """Expand a seed table: each entry is (gpus, tp, pp, cp, dp, vp, mbs, gbs, ga[, dp_shard])."""
     out = []
     for dtype in dtypes:
@@ -75,7 +92,7 @@ def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note="",
             out.append(RecipeRow(workload, size, dtype, gpu_type, gpus, seq, layers, tp, pp, cp,
                                  1, dp, vp, mbs, gbs, ga, source,
                                  dp_shard=rest[0] if rest else 0, note=note,
-                                 recompute=recompute))
+                                 recompute=recompute, adam_moments=adam_moments))
     return out
 
 
@@ -109,7 +126,8 @@ RECIPES: list[RecipeRow] = [
         (g, 2, 1, 1, g // 2, 1, 2, 4 * g, 4) for g in (16, 32, 64, 128, 256, 512, 1024, 2048)]),
     *_rows("pretrain_nemotron4", "340b", BOTH, "h100", 4096, 96, SEED_NEMOTRON4_340B_OLD, [
         (128, 8, 8, 1, 2, 12, 1, 32, 16)],
-        note="only in the older seed 000, which runs VP=12"),
+        note="only in the older seed 000, which runs VP=12; Apex's Adam with bf16 state",
+        adam_moments="bf16"),
     *_rows("pretrain_nemotron4", "340b", BOTH, "h100", 4096, 96, SEED_NEMOTRON4, [
         (g, 8, 8, 1, g // 64, 1, 1, g // 4, 16) for g in (256, 512, 1024, 2048)],
         note="the older seed 000 runs the same layout with VP=12; the newest seed (VP NA) is kept"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ..catalog.recipes import APEX_BF16_ADAM_RECIPES
 from ..plan import FP8_DTYPES, Plan
 from .context import DISTRIBUTED_OPTIMIZER, ENGINE, Context, make_context
 from .device import GIB
@@ -322,7 +323,16 @@ def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ..
     local = sum(ctx.work[k].token_local_params * n for k, n in kinds.items())
     dense = params - expert - local
     expert_shards = max(1, lay.dp * lay.cp * lay.tp // lay.ep)
-    if ctx.sharding == DISTRIBUTED_OPTIMIZER:
+    if ctx.sharding == DISTRIBUTED_OPTIMIZER and plan.recipe_source in APEX_BF16_ADAM_RECIPES:
+        # Apex's DistributedFusedAdam with bf16 state (catalog.recipes): bf16 moments, no
+        # master weights but under fp8_params (the FP8 runs), whose FP8 layers' weights
+        # are their FP8 tensors alone.
+        fp8 = plan.dtype == "fp8"
+        weights = 2.0 * (params - fp8_params) + (1.0 if fp8 else 2.0) * fp8_params
+        grads = 2.0 * params
+        optimizer = ((2.0 if fp8 else 0.0) + 4.0) * (dense / opt_shards + expert / expert_shards)
+        transient = 0.0
+    elif ctx.sharding == DISTRIBUTED_OPTIMIZER:
         weights = (2.0 if mixed else 4.0) * params
         weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
         grads = (2.0 if mixed else 4.0) * params
