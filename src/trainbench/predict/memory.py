@@ -327,10 +327,11 @@ def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ..
         # Apex's DistributedFusedAdam with bf16 state (catalog.recipes): bf16 moments, no
         # master weights but under fp8_params (the FP8 runs), whose FP8 layers' weights
         # are their FP8 tensors alone.
-        fp8 = plan.dtype == "fp8"
-        weights = 2.0 * (params - fp8_params) + (1.0 if fp8 else 2.0) * fp8_params
+        # (fp8_params, the FP8 layers' weights, is 0 in a bf16 plan.)
+        weights = 2.0 * params - fp8_params
         grads = 2.0 * params
-        optimizer = ((2.0 if fp8 else 0.0) + 4.0) * (dense / opt_shards + expert / expert_shards)
+        master = 2.0 if plan.dtype == "fp8" else 0.0
+        optimizer = (master + 4.0) * (dense / opt_shards + expert / expert_shards)
         transient = 0.0
     elif ctx.sharding == DISTRIBUTED_OPTIMIZER:
         weights = (2.0 if mixed else 4.0) * params

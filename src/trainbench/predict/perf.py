@@ -151,7 +151,8 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
     # from the operation's arithmetic; a measured (probe) or calibrated whole-scan rate,
     # scan_eff > 0, replaces both.
     hbm = lw.hbm_bytes + layer_cast_bytes(lw.linears, ctx)
-    rate = dev.hbm_tbs * 1e12 * c.hbm_eff
+    hbm_rate = dev.hbm_tbs * 1e12
+    rate = hbm_rate * c.hbm_eff
     slower = torch_scan_factor(plan, c) if ctx.requested_sharding == ENGINE else 1.0
     if not lw.scan_flops:
         scan = 0.0
@@ -164,7 +165,6 @@ def layer_time(lw: LayerWork, ctx: Context) -> LayerTime:
             hbm += lw.scan_hbm_bytes
         else:  # the torch scan's measured time stands for its matmuls and traffic alike
             scan = (scan + lw.scan_hbm_bytes / rate) * slower
-    hbm_rate = dev.hbm_tbs * 1e12
     memory_bound = (hbm / rate + lw.upcast_bytes / (hbm_rate * c.eager_upcast_eff)
                     + lw.stream_bytes / (hbm_rate * c.stream_eff))
     overhead = c.layer_overhead_us * 1e-6
@@ -238,9 +238,9 @@ def rank_time(ctx: Context, rank: int, times: dict[str, LayerTime]) -> RankTime:
             rt.parts["cp_comm"] += n * (1 - c.cp_overlap) * lt.cp_comm
             rt.parts["ep_comm"] += n * lt.ep_comm
             hidden += n * (c.tp_overlap * lt.tp_comm + c.cp_overlap * lt.cp_comm)
-            rt.params += n * ctx.work[kind].params
-            rt.float8_params += n * float8_gathered_params(ctx.work[kind], ctx)
             work = ctx.work[kind]
+            rt.params += n * work.params
+            rt.float8_params += n * float8_gathered_params(work, ctx)
             if kind == "embedding":
                 rt.embedding_params += n * work.params
             rt.eager_cast_params += n * (work.params if kind == "head" else work.expert_params)
