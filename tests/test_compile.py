@@ -147,3 +147,6 @@ def test_compiled_layouts_train_like_one_eager_process(tmp_path, eager_llama, la
     assert json.loads((exp / "run.json").read_text())["compile"] == "on (--set)"
     log = next(exp.glob("log-*.out")).read_text()
     assert "trainbench: compile on (--set)" in log
+    # Each block one graph: under TP the sequence-parallel gather that keeps only the
+    # shard (its saved-tensor hooks) broke every block, which then ran partly eager.
+    assert "graphs in the first step, 0 graph breaks" in log

@@ -32,7 +32,7 @@ from .models import build_model
 from .models.mamba2 import choose_scan
 from .models.moe import moe_layers, update_expert_biases
 from .optim import build_optimizer, lr_at
-from .parallel import clip_grad_norm_, float8, parallelize
+from .parallel import clip_grad_norm_, compile_report, float8, parallelize
 from .parallel.cp import local_positions, shard_sequence
 from .parallel.mesh import ParallelDims
 from .parallel.pp import build_schedule, split_into_stages
@@ -392,6 +392,8 @@ class Trainer:
             self.step += 1
             if self.rank == 0:
                 self.log(format_step_line(metrics))
+                if self.step == 1 and self.plan.compile:
+                    self.log(f"trainbench: {compile_report()}")
                 self.metrics_file.write(self.telemetry.record(metrics) + "\n")
             self.telemetry.after_step(self.step - 1)
             self.tracer.after_step(self.step - 1)

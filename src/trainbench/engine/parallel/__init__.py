@@ -96,6 +96,17 @@ MOE_EAGER = ("routed experts eager (dropless routing gives each expert a data-de
              "row count, which recompiles a compiled expert loop at every new routing)")
 
 
+def compile_report() -> str:
+    """How the compiled blocks came out after the first step: the graphs compiled and the
+    graph breaks among them. A break splits a block into graphs with eager code between
+    (fewer fusions, a host round-trip each); sequence parallelism's shard-keeping gather
+    broke every block before it ran inside the graph (tp.recomputed_in_backward)."""
+    from torch._dynamo.utils import counters
+    breaks = sum(counters["graph_break"].values())
+    return (f"compiled {counters['stats']['unique_graphs']} graphs in the first step, "
+            f"{breaks} graph break{'s' if breaks != 1 else ''}")
+
+
 def apply_compile(model: nn.Module) -> None:
     """torch.compile each block, as torchtitan does: one graph per block shape, reused by
     every block of that shape (parameters are graph inputs), so the compile cost does not

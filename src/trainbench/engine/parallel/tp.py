@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from fnmatch import fnmatch
+from functools import partial
 from typing import Callable
 
 import torch
@@ -26,6 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, RowwiseParallel,
@@ -101,6 +104,19 @@ def regathered_in_backward(wholes: tuple[torch.Tensor, ...], rebuild):
     return saved_tensors_hooks(pack, unpack)
 
 
+def _recompute_all(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_RECOMPUTE
+
+
+def recomputed_in_backward(fn, *args):
+    """`fn(*args)` inside a compiled graph, its results never saved for the backward:
+    AOTAutograd's partitioner recomputes everything `fn` computes (selective activation
+    checkpointing's MUST_RECOMPUTE, the way torchtitan's SimpleFSDP frees gathered
+    weights) from `args`, which the backward then needs instead."""
+    return checkpoint(fn, *args, use_reentrant=False,
+                      context_fn=partial(create_selective_checkpoint_contexts, _recompute_all))
+
+
 def _is_dtensor(t: torch.Tensor) -> bool:
     return getattr(t, "_local_tensor", None) is not None
 
@@ -131,6 +147,8 @@ class GatherSequence(ParallelStyle):
 
         def forward(x: torch.Tensor, *args, **kwargs):
             shard = x.to_local() if isinstance(x, DTensor) else x
+            if keep_shard and torch.is_grad_enabled() and torch.compiler.is_compiling():
+                return inner(recomputed_in_backward(gather, shard), *args, **kwargs)
             whole = gather(shard)
             if not (keep_shard and torch.is_grad_enabled()):
                 return inner(whole, *args, **kwargs)
