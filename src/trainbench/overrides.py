@@ -21,7 +21,8 @@ FLOAT_KEYS = ("lr", "min_lr", "peak_tflops")
 CHOICE_KEYS = {"recompute": ("none", "selective", "full"), "fp8_recipe": FP8_RECIPES,
                "reduce_dtype": ("fp32", "bf16"), "cp_impl": ("allgather", "ring"),
                "dp_sharding": ("full", "gradients", "optimizer"),
-               "adam_moments": ("fp32", "bf16"), "ssd_scan": ("auto", "kernel", "torch")}
+               "adam_moments": ("fp32", "bf16"),
+               "master_weights": ("fp32", "bf16"), "ssd_scan": ("auto", "kernel", "torch")}
 
 
 BOOL_KEYS = ("compile", "fsdp_prefetch", "async_tp")

@@ -152,8 +152,14 @@ class Plan:
     charges the scan the plan names, and 'auto' as the kernel."""
     adam_moments: str = "fp32"
     """dtype of AdamW's two moments: 'fp32', or 'bf16' where the recipe keeps them so
-    (Megatron's precision-aware optimizer); the master weights stay fp32 either way."""
-    """FP8 scaling of an fp8 run: 'tensorwise' or 'rowwise' (`--set fp8_recipe=rowwise`)."""
+    (Megatron's precision-aware optimizer, Apex's bf16-state Adam)."""
+    master_weights: str = "fp32"
+    """dtype of the parameters the optimizer updates: 'fp32' (master weights beside the
+    bf16 compute copies FSDP gathers), or 'bf16' where the recipe kept no fp32 copy (Apex's
+    DistributedFusedAdam with bf16 state, catalog.recipes.APEX_BF16_ADAM_RECIPES): the
+    bf16 parameters are the only copy, updated in place with one rounding per step.
+    Parameters that a module reads in fp32 whatever the compute dtype (Mamba-2's
+    dt_bias, A_log, D) stay fp32."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment for the ranks (`--env K=V`)."""
     recipe_source: str = ""
@@ -292,6 +298,8 @@ def dp_sharding_label(plan: Plan) -> str:
     grads = "bf16" if plan.reduce_bytes == 2 else "fp32"
     sharding = "optimizer" if plan.layout.pp > 1 else plan.dp_sharding
     text = f"{sharding}, {grads} gradients"
+    if plan.master_weights == "bf16":
+        text += ", bf16 master weights"
     if plan.layout.pp > 1:
         text += " (a pipeline gathers the weights once a step and reduces once, whatever dp_sharding says)"
         return text if plan.dp_sharding_source != "recipe" else text[:-1] + "; the recipe's gradient dtype)"

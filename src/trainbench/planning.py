@@ -201,6 +201,7 @@ def build_plan(workload: str, size: str, dtype: str, scale: int, gpu_type: str, 
         peak = gpu.peak(dtype)
     overrides.setdefault("recompute", row.recompute)
     overrides.setdefault("adam_moments", row.adam_moments)
+    overrides.setdefault("master_weights", row.master_weights)
     _set_run_defaults(overrides, tiny=row.source == recipes.TINY, gpu_type=gpu_type)
     per_node = overrides.pop("gpus_per_node", gpus_per_node)
     if per_node is None:
@@ -425,6 +426,10 @@ def _dtype_problems(plan: Plan, gpu: hardware.GPU | None) -> list[str]:
         p.append(f"{gpu.name} has no MXFP8 (block-scaled FP8) tensor cores, only Blackwell "
                  "GPUs do (B200, B300, GB200, GB300); use --dtype "
                  + ("fp8" if gpu.peak("fp8") else "bf16"))
+    if plan.master_weights == "bf16" and (plan.dtype == "fp32" or plan.adam_moments != "bf16"):
+        p.append("master_weights=bf16 keeps the bf16 parameters as the only copy, with "
+                 "AdamW's moments in bf16 too (Apex's bf16-state Adam); it needs a bf16 or "
+                 "FP8 run and adam_moments=bf16: add --set adam_moments=bf16, or drop it")
     if plan.fp8_recipe not in FP8_RECIPES:
         p.append(f"fp8_recipe {plan.fp8_recipe!r} is not one of {', '.join(FP8_RECIPES)}")
     elif plan.fp8_recipe != FP8_RECIPES[0] and plan.dtype != "fp8":

@@ -77,13 +77,18 @@ class RecipeRow:
     """dtype of AdamW's moments in the published run ('bf16': Megatron's precision-aware
     optimizer, master weights fp32; or Apex's bf16-state Adam, APEX_BF16_ADAM_RECIPES).
     The engine's plan for the row keeps its moments in the same dtype."""
+    master_weights: str = "fp32"
+    """dtype of the weights the published run's optimizer updated: 'fp32' (Megatron-Core's
+    master weights), or 'bf16' where it kept no fp32 copy (APEX_BF16_ADAM_RECIPES: the bf16
+    weights themselves, or under fp8_params a bf16 copy of the FP8 ones). The engine's
+    plan for the row does the same (plan.master_weights)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note="",
-          recompute="none", adam_moments="fp32"):
+          recompute="none", adam_moments="fp32", master_weights="fp32"):
     """Expand a seed table: each entry is (gpus, tp, pp, cp, dp, vp, mbs, gbs, ga[, dp_shard])."""
     out = []
     for dtype in dtypes:
@@ -92,7 +97,8 @@ def _rows(workload, size, dtypes, gpu_type, seq, layers, source, table, note="",
             out.append(RecipeRow(workload, size, dtype, gpu_type, gpus, seq, layers, tp, pp, cp,
                                  1, dp, vp, mbs, gbs, ga, source,
                                  dp_shard=rest[0] if rest else 0, note=note,
-                                 recompute=recompute, adam_moments=adam_moments))
+                                 recompute=recompute, adam_moments=adam_moments,
+                                 master_weights=master_weights))
     return out
 
 
@@ -127,7 +133,7 @@ RECIPES: list[RecipeRow] = [
     *_rows("pretrain_nemotron4", "340b", BOTH, "h100", 4096, 96, SEED_NEMOTRON4_340B_OLD, [
         (128, 8, 8, 1, 2, 12, 1, 32, 16)],
         note="only in the older seed 000, which runs VP=12; Apex's Adam with bf16 state",
-        adam_moments="bf16"),
+        adam_moments="bf16", master_weights="bf16"),
     *_rows("pretrain_nemotron4", "340b", BOTH, "h100", 4096, 96, SEED_NEMOTRON4, [
         (g, 8, 8, 1, g // 64, 1, 1, g // 4, 16) for g in (256, 512, 1024, 2048)],
         note="the older seed 000 runs the same layout with VP=12; the newest seed (VP NA) is kept"),

@@ -242,7 +242,8 @@ def checkpointer_for(plan, model_parts: list[torch.nn.Module],
     """A plan's checkpointer: its marker names the workload, size, model, experiment and
     architecture, so a load into another model is refused before anything is read."""
     identity = {"workload": plan.workload, "size": plan.size, "model": plan.model.name,
-                "experiment": plan.name, "architecture": dirs.architecture(plan.model)}
+                "experiment": plan.name,
+                "architecture": dirs.architecture(plan.model, plan.master_weights)}
     return Checkpointer(model_parts, optimizer, device, exp_dir, plan.layout.describe(), log,
                         identity=identity)
 

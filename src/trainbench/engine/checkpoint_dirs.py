@@ -33,7 +33,8 @@ FORMAT = 2
 dt_bias, A_log and D under `mixer.ssm` (1, unrecorded: the reference's row order)."""
 MASTER_DTYPE = "float32"
 """The dtype of the parameters the optimizer updates, in every run dtype: bf16 and fp8
-compute from fp32 master weights (the engine records what it really holds)."""
+compute from fp32 master weights (the engine records what it really holds), unless the
+plan keeps bf16 master weights (master_dtype)."""
 # Spec fields that change neither the parameters nor what they compute: the display name,
 # the benchmark's sequence length (a data choice) and Mamba's scan chunk (a blocking of
 # the same sums).
@@ -123,10 +124,19 @@ def _check_files(path: Path, record: dict) -> None:
                               "it was saved (SHA-256 differs); load another checkpoint")
 
 
-def architecture(spec) -> dict:
-    """What a checkpoint must match to load into a model of `spec` (a ModelSpec)."""
+def architecture(spec, master_weights: str = "fp32") -> dict:
+    """What a checkpoint must match to load into a model of `spec` (a ModelSpec) whose
+    plan keeps `master_weights` (plan.master_weights)."""
     fields = {k: v for k, v in spec.to_dict().items() if k not in _NOT_ARCHITECTURE}
-    return {**fields, "master_dtype": MASTER_DTYPE}
+    return {**fields, "master_dtype": master_dtype(spec, master_weights)}
+
+
+def master_dtype(spec, master_weights: str) -> str:
+    """The parameters' dtypes as a checkpoint records them ('/'-joined, sorted): bf16
+    master weights keep a hybrid model's Mamba-2 dt_bias, A_log and D in fp32."""
+    if master_weights != "bf16":
+        return MASTER_DTYPE
+    return "bfloat16/float32" if spec.is_hybrid else "bfloat16"
 
 
 def model_mismatch(record: dict, workload: str, size: str, wanted: dict) -> str | None:
@@ -150,10 +160,11 @@ def model_mismatch(record: dict, workload: str, size: str, wanted: dict) -> str 
     return None
 
 
-def check_model(info: CheckpointInfo, workload: str, size: str, spec) -> None:
+def check_model(info: CheckpointInfo, workload: str, size: str, spec,
+                master_weights: str = "fp32") -> None:
     """CheckpointError (one line) unless `info` loads into `workload`/`size` built as
     `spec`: what the launcher calls before anything starts, and the engine again."""
-    problem = model_mismatch(info.record, workload, size, architecture(spec))
+    problem = model_mismatch(info.record, workload, size, architecture(spec, master_weights))
     if problem:
         raise CheckpointError(f"checkpoint {info.path} {problem}")
 

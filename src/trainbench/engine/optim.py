@@ -34,11 +34,12 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1,
 
 class AdamWBf16Moments(torch.optim.Optimizer):
     """AdamW (decoupled weight decay, bias-corrected moments) whose two moments are
-    stored in bf16: 4 B of optimizer state per parameter instead of 8, beside the fp32
-    master weights. Each step computes the moments in fp32 from the stored ones, updates
-    the weights with those, and stores them rounded to bf16, as Megatron's
-    precision-aware optimizer does. Nothing is read on the host but the step count,
-    which lives on the CPU."""
+    stored in bf16: 4 B of optimizer state per parameter instead of 8. Each step computes
+    the moments in fp32 from the stored ones, updates the weights with those, and stores
+    them rounded to bf16, as Megatron's precision-aware optimizer does. The weights are
+    fp32 master weights, or bf16 ones kept as the only copy (plan.master_weights, Apex's
+    bf16-state Adam): those are updated in fp32 and rounded once. Nothing is read on the
+    host but the step count, which lives on the CPU."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = BETAS,
                  eps: float = EPS, weight_decay: float = 0.0):
@@ -69,9 +70,12 @@ class AdamWBf16Moments(torch.optim.Optimizer):
         state["exp_avg"].copy_(exp_avg)
         state["exp_avg_sq"].copy_(exp_avg_sq)
         lr = group["lr"]
-        param.mul_(1 - lr * group["weight_decay"])
+        weight = param if param.dtype == torch.float32 else param.to(torch.float32)
+        weight.mul_(1 - lr * group["weight_decay"])
         denom = (exp_avg_sq / (1 - beta2 ** step)).sqrt_().add_(group["eps"])
-        param.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1 ** step))
+        weight.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1 ** step))
+        if weight is not param:
+            param.copy_(weight)
 
 
 def implementation(params: list[torch.Tensor]) -> str:
@@ -88,9 +92,12 @@ def describe(optimizer: torch.optim.Optimizer) -> dict:
     d = optimizer.defaults
     kind = "fused" if d.get("fused") else "foreach" if d.get("foreach") else "for-loop"
     moments = "bf16" if isinstance(optimizer, AdamWBf16Moments) else "fp32"
+    # What the parameters it updates really are (bf16 master weights keep Mamba-2's fp32).
+    masters = sorted({str(p.dtype).removeprefix("torch.") for g in optimizer.param_groups
+                      for p in g["params"]})
     return {"name": "AdamW", "implementation": kind, "betas": list(d["betas"]),
             "eps": d["eps"], "weight_decay": [g["weight_decay"] for g in optimizer.param_groups],
-            "moments": moments}
+            "moments": moments, "master_weights": "/".join(masters)}
 
 
 def lr_at(step: int, max_lr: float, min_lr: float, warmup: int, decay_steps: int) -> float:

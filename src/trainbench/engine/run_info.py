@@ -118,7 +118,9 @@ def startup_lines(trainer) -> list[str]:
     if trainer.world_size > 1:
         lines.append(f"trainbench: data-parallel sharding {dp_sharding_label(plan)}")
     if plan.adam_moments == "bf16":
-        lines.append("trainbench: AdamW moments bf16, master weights fp32")
+        lines.append(f"trainbench: AdamW moments bf16, master weights {plan.master_weights}"
+                     + (" (the only copy, as the recipe's Apex bf16-state Adam kept)"
+                        if plan.master_weights == "bf16" else ""))
     if fp8 is not None:
         lines.append(f"trainbench: fp8 recipe {fp8['recipe']}, {fp8['float8_linears']} FP8 "
                      f"linears, FSDP float8 all-gather "

@@ -262,7 +262,7 @@ def plan_run(req: RunRequest) -> PlannedRun:
     if found is not None:
         # The model this plan builds (overrides included) against the one saved.
         try:
-            check_model(found, req.workload, req.size, plan.model)
+            check_model(found, req.workload, req.size, plan.model, plan.master_weights)
         except CheckpointError as err:
             raise RunRequestError(str(err)) from None
     if profile == "nsys" and req.executor == "local" and not shutil.which("nsys"):

@@ -142,6 +142,8 @@ def _sharding_phrase(ctx: Context) -> str:
         text = (f"{name} ({whose}): weights, gradients and optimizer state sharded over "
                 f"dp x cp = {n} ranks")
     grad_dtype = "bf16" if ctx.plan.reduce_bytes == 2 else "fp32"
+    if engine and ctx.plan.master_weights == "bf16":
+        text += "; bf16 master weights, the only copy (the recipe's Apex bf16-state Adam)"
     if engine and lay.pp == 1 and ctx.plan.dp_sharding == "optimizer" and n > 1:
         text += (f"; dp_sharding=optimizer: weights gathered all step and {grad_dtype} "
                  "gradients whole until the step's last backward")
@@ -346,15 +348,20 @@ def _model_state(ctx: Context, kinds: dict[str, int], chunks) -> tuple[float, ..
         moe_tp = lay.tp if ctx.requested_sharding == ENGINE and plan.model.is_moe else 1
         eshard = max(1, shard * moe_tp // lay.ep) if expert else 1
         state = dense / shard + expert / eshard + local / (shard * moe_tp)
-        weights = 4.0 * state
-        grads = 4.0 * state
+        # fp32 master weights and their gradients, or bf16 ones kept as the only copy
+        # (plan.master_weights: the Apex bf16-state recipes); Mamba-2's few fp32
+        # parameters are not told apart.
+        master = 2.0 if plan.master_weights == "bf16" else 4.0
+        weights = master * state
+        grads = master * state
         optimizer = moments * state
         unit = _unit_param_max(ctx)
         # Two gathered units alive (the running one and the prefetched one) and one unit's
         # unsharded fp32 gradients before they are reduce-scattered (FSDP2 / ZeRO-3).
         transient = (2 * (2.0 if mixed else 4.0) + 4.0) * unit if shard > 1 else 0.0
         if shard == 1:
-            weights += (2.0 if mixed else 0.0) * params  # the bf16 compute copy
+            # The bf16 compute copy of fp32 master weights.
+            weights += (2.0 if mixed and master == 4.0 else 0.0) * params
             weights += FP8_WEIGHT_CACHE_BYTES * fp8_params
         engine = ctx.requested_sharding == ENGINE
         if engine and plan.weights_kept_gathered:

@@ -51,6 +51,9 @@ OPTIMIZER_BYTES_PER_PARAM = 28.0
 # (read 4, write 2 each), the weight decay (4 + 4), the denominator's division, square
 # root and epsilon (4 + 4 each) and the update (read 12, write 4).
 BF16_MOMENTS_ENGINE_BYTES_PER_PARAM = 6 + 12 + 6 + 8 + 16 + 6 + 6 + 8 + 3 * 8 + 16
+# The same update of a bf16 weight kept as the only copy (plan.master_weights): its bf16
+# gradient's upcast (read 2, write 4), the weight's upcast and its rounding back (6 each).
+BF16_MASTER_ENGINE_EXTRA_BYTES = 3 * 6
 # The engine's one-rank run without FSDP keeps fp32 weights and computes under bf16
 # autocast: every microbatch casts each weight to bf16 for its forward (4 B read, 2
 # written) and the weight's bf16 gradient back to fp32 (2 read, 4 written); from the
@@ -382,7 +385,7 @@ def fsdp_upcast_bytes(ctx: Context, rt: RankTime) -> float:
     """Bytes per step of FSDP2 casting each bf16-reduced gradient shard to fp32 (read 2,
     write 4): torch's eager upcast, at its own rate (Constants.eager_upcast_eff)."""
     plan = ctx.plan
-    if plan.reduce_bytes != 2:
+    if plan.reduce_bytes != 2 or plan.master_weights == "bf16":  # bf16 shards: no upcast
         return 0.0
     reductions = plan.fsdp_reductions_per_step(ctx.microbatches)
     return reductions * rt.params * GRAD_UPCAST_BYTES_PER_PARAM / ctx.groups.fsdp.size
@@ -399,8 +402,15 @@ def optimizer_time(ctx: Context, rt: RankTime) -> float:
     fused = not (ctx.plan.adam_moments == "bf16" and ctx.requested_sharding == ENGINE)
     step = optimizer_bytes_per_param(ctx) * params / (hbm * (c.fused_adam_eff if fused
                                                              else c.stream_eff))
-    # Clipping's norm and scaling are multi-tensor kernels, like the fused Adam.
-    return step + CLIP_BYTES_PER_PARAM * params / (hbm * c.fused_adam_eff)
+    # Clipping's norm and scaling are multi-tensor kernels, like the fused Adam; bf16
+    # master weights have bf16 gradients, half the bytes.
+    clip = CLIP_BYTES_PER_PARAM * (0.5 if bf16_master(ctx) else 1.0)
+    return step + clip * params / (hbm * c.fused_adam_eff)
+
+
+def bf16_master(ctx: Context) -> bool:
+    """The engine updates bf16 weights kept as the only copy (plan.master_weights)."""
+    return ctx.plan.master_weights == "bf16" and ctx.requested_sharding == ENGINE
 
 
 def optimizer_bytes_per_param(ctx: Context) -> float:
@@ -412,7 +422,8 @@ def optimizer_bytes_per_param(ctx: Context) -> float:
     if ctx.plan.adam_moments != "bf16":
         return OPTIMIZER_BYTES_PER_PARAM
     if ctx.requested_sharding == ENGINE:
-        return BF16_MOMENTS_ENGINE_BYTES_PER_PARAM
+        return BF16_MOMENTS_ENGINE_BYTES_PER_PARAM + (BF16_MASTER_ENGINE_EXTRA_BYTES
+                                                      if bf16_master(ctx) else 0.0)
     return OPTIMIZER_BYTES_PER_PARAM - 8.0
 
 

@@ -23,7 +23,7 @@ from ..models.transformer import MLP, LayerNorm1p, RMSNorm
 from . import cp, float8
 from .cp import apply_context_parallel
 from .ep import apply_expert_parallel, share_expert_load, share_sequence_counts
-from .fsdp import apply_fsdp
+from .fsdp import apply_fsdp, keep_bf16_master_weights
 from .mesh import ParallelDims
 from .tp import apply_tensor_parallel
 
@@ -124,6 +124,8 @@ def apply_compile(model: nn.Module) -> None:
 
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
                 compute_dtype: torch.dtype) -> nn.Module:
+    if plan.master_weights == "bf16":
+        keep_bf16_master_weights(model)
     if plan.dtype in FP8_DTYPES:
         float8.convert(model, plan, dist.get_backend() if dist.is_initialized() else "gloo")
     if dims.tp_enabled:

@@ -23,6 +23,18 @@ def fp32_units(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if getattr(m, "keep_fp32", False)]
 
 
+def keep_bf16_master_weights(model: nn.Module) -> None:
+    """Store `model`'s parameters in bf16, as the only copy the optimizer updates
+    (plan.master_weights = 'bf16'), but those of `keep_fp32` units. Before FP8 conversion,
+    TP and FSDP, which all take the parameters' dtype as they find it; FSDP's bf16
+    param_dtype then gathers them without a cast. Buffers (RoPE tables) keep their dtype."""
+    fp32 = {id(p) for unit in fp32_units(model) for p in unit.parameters()}
+    for param in model.parameters():
+        if id(param) not in fp32:
+            # In place: the Parameter object and what is set on it (_no_weight_decay) stay.
+            param.data = param.data.to(torch.bfloat16)
+
+
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype,
                reshard_after_forward: bool = True,
                moe_meshes: tuple[DeviceMesh, DeviceMesh] | None = None,
