@@ -210,7 +210,8 @@ def print_table(data: dict) -> None:
                   f"{pred['total'] / GIB:.2f} GiB", highlight=False)
         if traced.get("note"):
             out.print(f"rank {r['rank']}: note: {traced['note']}", highlight=False)
-    out.print("weights, grads, Adam: the sharded fp32 master weights, their gradients and the "
+    out.print("weights, grads, Adam: the sharded master weights (fp32, or bf16 under "
+              "master_weights=bf16), their gradients and the "
               "two AdamW moments this rank keeps (under PP or dp_sharding=optimizer no sharded "
               "gradient exists during the step: they are reduce-scattered after its last "
               "backward); whole in step: the compute-dtype weights kept gathered all step "
