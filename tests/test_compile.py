@@ -65,9 +65,11 @@ def test_dry_run_says_whether_compile_is_on_and_why(tmp_path):
 
 def _train_in_process(workload: str, out: Path, steps: int, **overrides):
     """(losses, grad norms, trainer's run.json, compiled block count, graphs compiled
-    after the first step) of a real one-rank run of the tiny plan."""
+    after the first step, compiled graphs that ran in the last step) of a real one-rank
+    run of the tiny plan."""
     import torch
     from torch._dynamo.utils import counters
+    from torch.profiler import ProfilerActivity, profile
     from trainbench.engine.trainer import Trainer
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,20 +81,26 @@ def _train_in_process(workload: str, out: Path, steps: int, **overrides):
     trainer = Trainer(plan, out)
     try:
         trainer.setup()
+        # Compiled around its checkpoint wrapper, or in place inside it (an MoE block).
         compiled = sum(isinstance(block, torch._dynamo.eval_frame.OptimizedModule)
+                       or getattr(getattr(block, "_checkpoint_wrapped_module", None),
+                                  "_compiled_call_impl", None) is not None
                        for block in trainer.model.layers.values())
         step_losses, norms, graphs = [], [], []
         for step in range(steps):
             # train_step, as a launched run takes it: with the learning-rate schedule
-            # (the CLI layouts below are compared with these losses).
-            metrics = trainer.train_step(step)
+            # (the CLI layouts below are compared with these losses). The last step is
+            # profiled: AOTAutograd's CompiledFunction is a compiled graph that ran.
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                metrics = trainer.train_step(step)
             step_losses.append(metrics.loss)
             norms.append(metrics.grad_norm)
             graphs.append(counters["stats"]["unique_graphs"])
         info = json.loads((out / "run.json").read_text())
         # Graphs compiled after the first step: recompilation (a guard failing on a
         # new batch or routing), which would cost a compile per step on a GPU.
-        return step_losses, norms, info, compiled, graphs[-1] - graphs[0]
+        ran = sum(event.name == "CompiledFunction" for event in prof.events())
+        return step_losses, norms, info, compiled, graphs[-1] - graphs[0], ran
     finally:
         trainer.close()
 
@@ -111,6 +119,7 @@ FAMILIES = {
     "pretrain_qwen3": {},                             # MoE, softmax router, QK-norm
     "pretrain_deepseek_v3": {},                       # MoE, sigmoid router, MLA
     "pretrain_llama3.1 recompute=full": {"recompute": "full"},  # compiled around the wrapper
+    "pretrain_deepseek_v3 recompute=full": {"recompute": "full"},  # compiled inside it
 }
 
 
@@ -125,6 +134,11 @@ def test_compiled_blocks_train_like_eager(tmp_path, eager_llama, case):
     compiled = _train_in_process(workload, tmp_path / "compiled", 3, compile=True, **overrides)
     assert eager[3] == 0 and compiled[3] > 0  # the compiled run really compiled its blocks
     assert compiled[4] == 0, "recompiled after the first step"
+    # Every block's forward of every microbatch ran a compiled graph in the last step, not
+    # only the first: an MoE block compiled around its checkpoint fell back to eager
+    # (Dynamo skipped the wrapper's frame, and every block's with it).
+    plan = build_plan(workload, "tiny", "fp32", 1, "cpu")
+    assert compiled[5] >= plan.model.layers * plan.ga, compiled[5]
     assert eager[2]["compile"] == "off (default on CPU)"
     if workload in ("pretrain_qwen3", "pretrain_deepseek_v3"):
         # Compiled, the per-expert loop recompiled at each new routing (measured: 6

@@ -119,7 +119,19 @@ def apply_compile(model: nn.Module) -> None:
         # replaced this hook before) runs eager, between two graphs.
         moe.compute_experts = torch.compiler.disable(moe.compute_experts)
     for key, block in list(model.layers.items()):
-        model.layers[key] = torch.compile(block, fullgraph=False)
+        inner = getattr(block, "_checkpoint_wrapped_module", None)
+        if inner is not None and moe_layers(inner):
+            # The experts' graph break inside a checkpointed block makes Dynamo skip the
+            # checkpoint wrapper's frame after the first step, and with it every block
+            # (they share the wrapper's code): measured on tiny DeepSeek-V3, full
+            # recompute, no compiled graph ran after step 0. The block compiled inside
+            # its checkpoint runs its graphs every step; the checkpoint recomputes them.
+            # In place (Module.compile): its parameters keep their names, which the CPU
+            # initialisation and checkpoints match by (an OptimizedModule inside the
+            # wrapper would add `_orig_mod` to them).
+            inner.compile(fullgraph=False)
+        else:
+            model.layers[key] = torch.compile(block, fullgraph=False)
 
 
 def parallelize(model: nn.Module, plan: Plan, dims: ParallelDims,
