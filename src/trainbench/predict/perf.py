@@ -76,7 +76,10 @@ CLIP_BYTES_PER_PARAM = 12.0
 # parameters (FSDPParamGroup.wait_for_unshard): 6 + 4 B. A float8-gathered weight moves
 # 1 B elements, its cast counted in fp8_cost. Each reduction copies the bf16 gradients
 # into the reduce-scatter buffer in the reduce dtype (chunk_cat: read 2, write 4 for
-# fp32), then a bf16-reduced shard is cast to fp32 (read 2, write 4).
+# fp32), then a bf16-reduced shard is cast to fp32 (read 2, write 4). One rank copies
+# that buffer into the output instead of reduce-scattering it (foreach_reduce,
+# `reduce_output.copy_`): on the reduce-scatter stream, beside the backward, as the
+# collective it stands for would be, so not charged here.
 FSDP_CAST_BYTES_PER_SHARD_ELEMENT = 6.0
 FSDP_COPY_BYTES_PER_ELEMENT = 4.0
 # Only tensorwise scaling gathers in FP8 (fp8_cost.fsdp_float8_gathers).
