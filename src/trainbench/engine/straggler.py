@@ -44,7 +44,6 @@ step (outside any timed region); rank 0 writes run.json's `straggler` and logs a
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import socket
 import statistics
@@ -56,8 +55,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .comm_trace import op_kind
+from .slow_rank import SLOW_RANK_ENV, parse_slow_rank  # noqa: F401 (the engine's hook reads it)
 
-SLOW_RANK_ENV = "TRAINBENCH_SLOW_RANK"
 THRESHOLD_PCT = 5.0
 INSTRUMENTED_STEPS = 3
 METHOD = ("compute = time in the step outside collectives, per rank: on a GPU the step's "
@@ -79,21 +78,6 @@ def instrumented_steps(first: int, total: int, window: tuple[int, int]) -> list[
 def not_measured(total_steps: int) -> str:
     return (f"stragglers not measured: a run of {total_steps} steps has no step outside the "
             "results' window to time (run 7 steps or more)")
-
-
-def parse_slow_rank(text: str | None) -> tuple[int, float] | None:
-    """'1:0.05' -> (rank 1, 0.05 s per microbatch forward); None when unset."""
-    if not text:
-        return None
-    try:
-        rank, seconds = text.split(":")
-        parsed = int(rank), float(seconds)
-    except ValueError:
-        raise ValueError(f"{SLOW_RANK_ENV}={text!r} is not RANK:SECONDS (e.g. 1:0.05)") from None
-    if parsed[0] < 0 or not 0 <= parsed[1] < math.inf:
-        raise ValueError(f"{SLOW_RANK_ENV}={text!r}: the rank and the seconds must be >= 0 "
-                         "and finite (e.g. 1:0.05)")
-    return parsed
 
 
 def install_slow_hook(model_parts, rank: int) -> float:

@@ -23,6 +23,7 @@ from ..catalog import hardware
 from ..config import load_config
 from ..default_dtype import default_dtype_for
 from ..engine.checkpoint_dirs import CheckpointError, check_model, resolve
+from ..engine.slow_rank import SLOW_RANK_ENV, parse_slow_rank
 from ..files import brief
 from ..metrics import parse_window
 from ..overrides import parse_overrides
@@ -210,8 +211,6 @@ def plan_run(req: RunRequest) -> PlannedRun:
     if req.scale < 1:
         raise RunRequestError(f"--scale {req.scale}: the scale is the number of ranks (GPUs, or "
                               "processes on a CPU) and must be at least 1")
-    # Here, not at the top: the engine package imports torch, which `--help` must not.
-    from ..engine.straggler import SLOW_RANK_ENV, parse_slow_rank
     try:  # the straggler test hook: a typo fails here, before any rank starts
         slow = parse_slow_rank(os.environ.get(SLOW_RANK_ENV))
     except ValueError as err:
