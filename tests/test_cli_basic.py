@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,12 +25,21 @@ def test_help_is_fast_and_does_not_import_torch():
     assert time.perf_counter() - t0 < 2.0  # includes interpreter start; the import alone is above
 
 
-@pytest.mark.parametrize("args", [["list"], ["show", "-w", "pretrain_llama3.1", "-s", "8b"],
-                                  ["flops", "-w", "pretrain_llama2", "-s", "70b"]])
-def test_light_commands_do_not_import_torch(args):
+LOGS = str(Path(__file__).parent / "data" / "logs" / "nemo2")
+
+
+@pytest.mark.parametrize("args,exit_code", [
+    (["list"], 0), (["show", "-w", "pretrain_llama3.1", "-s", "8b"], 0),
+    (["flops", "-w", "pretrain_llama2", "-s", "70b"], 0),
+    # results reads files; every `trainbench run` prints them after its run.
+    (["results", LOGS], 0),
+    # bad run input is answered before anything would need torch
+    (["run", "-w", "pretrain_llama3.1", "-s", "tiny", "--gpu", "cpu", "--scale", "2",
+      "--dtype", "fp32", "--set", "tp=0"], 2)])
+def test_light_commands_do_not_import_torch(args, exit_code):
     code = ("import sys; sys.argv = ['trainbench'] + %r; import trainbench.cli as c\n"
-            "try:\n    c.app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules\n") % (args,)
+            "try:\n    c.app()\nexcept SystemExit as e:\n    assert (e.code or 0) == %d, e.code\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n") % (args, exit_code)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr + out.stdout
 

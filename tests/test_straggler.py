@@ -13,8 +13,8 @@ import shutil
 import pytest
 
 from helpers import experiment_dirs, run_cli, train
-from trainbench.engine.straggler import (describe, instrumented_steps, parse_slow_rank,
-                                         probe_command, summarize)
+from trainbench.engine.straggler import instrumented_steps, probe_command, summarize
+from trainbench.engine.straggler_text import describe, parse_slow_rank
 from trainbench.results import summarize_experiment
 
 SLOW = {"TRAINBENCH_SLOW_RANK": "1:0.1"}  # rank 1: 0.1 s more in each microbatch's forward

@@ -22,8 +22,8 @@ from ..plan import Plan
 from ..rundir import RUN_FILE, log_file_name, update_run_record
 from .log import StepMetrics
 from .parallel.mesh import ParallelDims
-from .straggler import (StragglerMonitor, describe, instrumented_steps, not_measured, probe_command,
-                        summarize)
+from .straggler import StragglerMonitor, instrumented_steps, not_measured, probe_command, summarize
+from .straggler_text import describe
 from .telemetry import Sampler, combine
 
 

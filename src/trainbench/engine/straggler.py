@@ -55,7 +55,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .comm_trace import op_kind
-from .slow_rank import SLOW_RANK_ENV, parse_slow_rank  # noqa: F401 (the engine's hook reads it)
+from .straggler_text import SLOW_RANK_ENV, parse_slow_rank
 
 THRESHOLD_PCT = 5.0
 INSTRUMENTED_STEPS = 3
@@ -255,23 +255,6 @@ def summarize(ranks: list[dict], probe_command: str) -> dict:
         if out["flagged"]:
             out["probe_command"] = probe_command
     return out
-
-
-def describe(summary: dict) -> str | None:
-    """One line for the log and the results' note: the straggler named, or the spread."""
-    slow = summary.get("slowest")
-    if slow is None:
-        return None
-    if summary.get("flagged"):
-        return (f"straggler: rank {slow['rank']} (host {slow['host']}, local rank "
-                f"{slow['local_rank']}) computes {slow['median_compute_s']:.4g} s/step, "
-                f"{slow['pct_above_median']:.1f}% above the median rank "
-                f"({slow['group_median_compute_s']:.4g} s); a hardware cause would show in "
-                f"`{summary.get('probe_command')}`")
-    spread = max(g["spread_pct"] for g in summary["groups"])
-    return (f"no straggler: every rank's compute time within {summary['threshold_pct']:g}% "
-            f"of the median rank (slowest rank {slow['rank']} "
-            f"{slow['pct_above_median']:+.1f}%, spread {spread:.1f}%)")
 
 
 def probe_command(gpus: int, gpu_type: str, nodes: int, gpus_per_node: int) -> str:

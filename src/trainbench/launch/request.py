@@ -23,7 +23,7 @@ from ..catalog import hardware
 from ..config import load_config
 from ..default_dtype import default_dtype_for
 from ..engine.checkpoint_dirs import CheckpointError, check_model, resolve
-from ..engine.slow_rank import SLOW_RANK_ENV, parse_slow_rank
+from ..engine.straggler_text import SLOW_RANK_ENV, parse_slow_rank
 from ..files import brief
 from ..metrics import parse_window
 from ..overrides import parse_overrides

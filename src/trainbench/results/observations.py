@@ -71,7 +71,7 @@ def profiling_overhead(result: ExperimentResult, facts: RunFacts) -> None:
 def straggler_note(result: ExperimentResult, facts: RunFacts) -> None:
     """The engine's per-rank compute times (run.json `straggler`): the spread always, the
     slowest rank named only past the engine's threshold."""
-    from ..engine.straggler import describe  # no torch at import
+    from ..engine.straggler_text import describe
     record = (facts.run or {}).get("straggler")
     if not isinstance(record, dict) or not isinstance(record.get("slowest"), dict):
         return
