@@ -61,6 +61,19 @@ def train(root: Path, workload: str, scale: int, *extra: str, steps: int = 3,
     return new
 
 
+def assert_resumes_exactly(root: Path, full: Path, workload: str, scale: int, *extra: str,
+                           dtype: str = "fp32") -> Path:
+    """Resume `full`'s step-2 checkpoint for steps 2-3 and assert they repeat `full`'s
+    losses and gradient norms bit for bit (iteration 3 needs the restored optimizer state);
+    returns the resumed experiment."""
+    resumed = train(root, workload, scale, *extra, "--load-checkpoint",
+                    str(full / "checkpoints" / "step-2"), steps=2, dtype=dtype)
+    assert losses(resumed) == losses(full)[2:]
+    assert [r["grad_norm"] for r in read_metrics(resumed)] == \
+        [r["grad_norm"] for r in read_metrics(full)[2:]]
+    return resumed
+
+
 def assert_every_parameter_trained(module) -> None:
     """After a backward: every parameter has a finite, non-zero gradient."""
     for name, param in module.named_parameters():

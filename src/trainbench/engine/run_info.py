@@ -119,7 +119,7 @@ def startup_lines(trainer) -> list[str]:
         lines.append(f"trainbench: data-parallel sharding {dp_sharding_label(plan)}")
     if plan.adam_moments == "bf16":
         lines.append(f"trainbench: AdamW moments bf16, master weights {plan.master_weights}"
-                     + (" (the only copy, as the recipe's Apex bf16-state Adam kept)"
+                     + (" (the only copy, as Apex's bf16-state Adam keeps them)"
                         if plan.master_weights == "bf16" else ""))
     if fp8 is not None:
         lines.append(f"trainbench: fp8 recipe {fp8['recipe']}, {fp8['float8_linears']} FP8 "

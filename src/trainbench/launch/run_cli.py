@@ -210,8 +210,8 @@ def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> bool:
     if plan.gpus > 1:
         out.print(f"data-parallel sharding: {dp_sharding_label(plan)}", highlight=False)
     if plan.adam_moments == "bf16" and plan.master_weights == "bf16":
-        out.print("AdamW moments and master weights: bf16, no fp32 copy (the recipe's Apex "
-                  "DistributedFusedAdam with bf16 state)", highlight=False)
+        out.print("AdamW moments and master weights: bf16, no fp32 copy (as Apex's "
+                  "DistributedFusedAdam with bf16 state keeps them)", highlight=False)
     elif plan.adam_moments == "bf16":
         out.print("AdamW moments: bf16 (the recipe's precision-aware optimizer; master weights "
                   "fp32)", highlight=False)

@@ -143,7 +143,7 @@ def _sharding_phrase(ctx: Context) -> str:
                 f"dp x cp = {n} ranks")
     grad_dtype = "bf16" if ctx.plan.reduce_bytes == 2 else "fp32"
     if engine and ctx.plan.master_weights == "bf16":
-        text += "; bf16 master weights, the only copy (the recipe's Apex bf16-state Adam)"
+        text += "; bf16 master weights, the only copy (as Apex's bf16-state Adam keeps them)"
     if engine and lay.pp == 1 and ctx.plan.dp_sharding == "optimizer" and n > 1:
         text += (f"; dp_sharding=optimizer: weights gathered all step and {grad_dtype} "
                  "gradients whole until the step's last backward")

@@ -388,7 +388,7 @@ def fsdp_upcast_bytes(ctx: Context, rt: RankTime) -> float:
     """Bytes per step of FSDP2 casting each bf16-reduced gradient shard to fp32 (read 2,
     write 4): torch's eager upcast, at its own rate (Constants.eager_upcast_eff)."""
     plan = ctx.plan
-    if plan.reduce_bytes != 2 or plan.master_weights == "bf16":  # bf16 shards: no upcast
+    if plan.reduce_bytes != 2 or bf16_master(ctx):  # bf16 shards: no upcast
         return 0.0
     reductions = plan.fsdp_reductions_per_step(ctx.microbatches)
     return reductions * rt.params * GRAD_UPCAST_BYTES_PER_PARAM / ctx.groups.fsdp.size
