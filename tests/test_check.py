@@ -530,3 +530,30 @@ def test_tp_embedding_gradient_is_the_ranks_own_rows():
         assert touched <= {0, 123, 124}
     finally:
         dist.destroy_process_group()
+
+
+def test_a_one_rank_fp8_plan_traces_its_fsdp_step_and_a_bf16_one_says_why_not():
+    """FP8 keeps FSDP2 on one rank (Plan.one_rank_without_fsdp), so `check` traces the
+    one-GPU FP8 proxies that `trainbench accept` runs: Llama 3.1 8B cut to 2 layers, GBS
+    2, as the accept row's shape. Its traced peak holds the fp32 master weights, the
+    gathered bf16 weights and the whole bf16 gradients of the step's first microbatch,
+    and lands within 10% of predict's tensors (the eager step, as check traces it). A
+    one-rank bf16 plan runs the plain module under autocast: no FSDP root to track."""
+    from trainbench.check.build import trace_rank
+    from trainbench.predict.memory import predict_memory
+    sets = {"layers": 2, "mbs": 1, "gbs": 2, "tp": 1, "pp": 1, "cp": 1, "dp": 1,
+            "compile": False}
+    plan = build_plan("pretrain_llama3.1", "8b", "fp8", 1, "h200", overrides=sets)
+    traced = trace_rank(plan, 0)
+    assert traced["error"] is None, traced
+    params = parameter_count(plan.model)
+    held = traced["categories"]
+    assert held["Sharded Param"] == pytest.approx(4 * params, rel=1e-3)
+    # Gathered once a step (dp_sharding=optimizer) and their gradients kept whole until
+    # the step's last backward reduces them: 2 B a parameter each.
+    assert held["Unsharded Param"] == pytest.approx(2 * params, rel=1e-3)
+    assert held["Unsharded Grad"] == pytest.approx(2 * params, rel=1e-3)
+    predicted = predict_memory(plan, sharding="engine")
+    assert abs(traced["peak_bytes"] / (predicted.total - predicted.allowance) - 1) <= 0.10
+    bf16 = build_plan("pretrain_llama3.1", "8b", "bf16", 1, "h200", overrides=sets)
+    assert trace_rank(bf16, 0)["error"] == "a one-rank plan has no FSDP root for FSDPMemTracker"

@@ -441,7 +441,7 @@ def _trace_standins(trainer, plan: Plan, pipeline: bool) -> contextlib.ExitStack
 def trace_problem(plan: Plan) -> str | None:
     if plan.layout.pp > 1 and not _pipeline_protocol():
         return PP_UNTRACEABLE
-    if plan.gpus == 1:
+    if plan.one_rank_without_fsdp:
         return "a one-rank plan has no FSDP root for FSDPMemTracker"
     return None
 
