@@ -77,6 +77,7 @@ def test_only_listed_prefixes_are_recorded_and_secrets_redacted():
         "NVTE_NOTE": "ghp_abcdefghijklmnopqrstuvwx",
         "HF_TOKEN": "hf_secretvalue123",
         "PATH": "/usr/bin",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     }
     assert conditions.recorded_env(environ) == {
         "CUDA_CACHE_PATH": "/home/u/<redacted>/cache",
@@ -87,6 +88,7 @@ def test_only_listed_prefixes_are_recorded_and_secrets_redacted():
         "NVTE_FUSED_ATTN": "1",
         "NVTE_NOTE": "<redacted>",
         "OMP_NUM_THREADS": "4",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "TORCH_HUB_URL": "https://alice:<redacted>@hub.example.org/models",
         "TORCH_KEYFILE": "<redacted>",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
@@ -291,3 +293,13 @@ def test_results_flag_a_throttled_run_and_show_its_energy(secret_run, tmp_path):
     print_table([result], console, "published")
     text = console.export_text()
     assert "J/token" in text and "0.25" in text and "throttled:" in text
+
+
+def test_the_allocator_setting_names_each_variable_set():
+    assert conditions.allocator_setting({"PATH": "/usr/bin"}) == "torch default"
+    assert (conditions.allocator_setting({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+            == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    both = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
+    assert conditions.allocator_setting(both) == ("PYTORCH_ALLOC_CONF=max_split_size_mb:128, "
+                                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")

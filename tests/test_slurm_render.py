@@ -110,9 +110,38 @@ def test_llama31_70b_fp8_256_gpus_script(tmp_path):
         "--max-restarts=0", "-m", "trainbench.engine", str(exp_dir / "plan.json")]
     assert env["NCCL_DEBUG"] == "WARN" and env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     record = json.loads((exp_dir / "exit.json").read_text())
     assert record["exit_code"] == 0 and record["executor"] == "slurm"
     assert record["job_id"] == "4242"
+
+
+@pytest.mark.parametrize("name", ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
+def test_an_allocator_setting_of_the_user_is_kept_and_a_cpu_job_gets_none(tmp_path, name):
+    """trainbench's allocator default (expandable segments) stands only where neither of
+    torch's two variables comes from the plan's --env, the cluster config or the
+    submitting shell; a CPU job has no CUDA allocator to configure."""
+    from trainbench.launch.sbatch import job_environment
+    ours = "PYTORCH_ALLOC_CONF"
+    user = dict(job_environment(llama70b_fp8_256(**{name: "max_split_size_mb:512"}), {}))
+    assert user[name] == "max_split_size_mb:512"
+    assert ours not in user or name == ours
+    config = dict(job_environment(llama70b_fp8_256(), {"env": {name: "garbage_collection_threshold:0.8"}}))
+    assert config[name] == "garbage_collection_threshold:0.8"
+    assert ours not in config or name == ours
+    assert ours not in dict(job_environment(tiny_cpu(), {}))
+
+
+def test_the_local_executor_sets_the_same_allocator_default(monkeypatch):
+    from trainbench.launch.local import rank_environment
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    assert rank_environment(llama70b_fp8_256())["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_ALLOC_CONF" not in rank_environment(tiny_cpu())
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+    env = rank_environment(llama70b_fp8_256())
+    assert "PYTORCH_ALLOC_CONF" not in env
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
 
 
 def test_ranks_per_node_and_nodes():

@@ -28,7 +28,9 @@ from importlib import metadata
 from . import version as package_version
 
 SCHEMA = 1
-ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVTE_", "OMP_")
+ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "NVTE_", "OMP_", "PYTORCH_")
+# The CUDA caching allocator's configuration, under torch's newer name and its older one.
+ALLOCATOR_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 REDACTED = "<redacted>"
 SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH",
                      "COOKIE")
@@ -67,8 +69,17 @@ def redact_value(value: str) -> str:
     return _SECRET_VALUES.sub(REDACTED, value)
 
 
+def allocator_setting(environ: Mapping[str, str] | None = None) -> str:
+    """The allocator configuration a process with this environment runs, as 'NAME=value'
+    for each variable set, or 'torch default' where neither is."""
+    environ = os.environ if environ is None else environ
+    settings = [f"{name}={environ[name]}" for name in ALLOCATOR_VARS if name in environ]
+    return ", ".join(settings) or "torch default"
+
+
 def recorded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The NCCL_/TORCH_/CUDA_/NVTE_/OMP_ variables, secrets redacted, sorted by name."""
+    """The NCCL_/TORCH_/CUDA_/NVTE_/OMP_/PYTORCH_ variables, secrets redacted, sorted by
+    name."""
     environ = os.environ if environ is None else environ
     env = {}
     for name in sorted(environ):

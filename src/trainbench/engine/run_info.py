@@ -10,6 +10,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..conditions import allocator_setting
 from ..layout import stage_layers
 from ..plan import FP8_DTYPES, Plan, dp_sharding_label, pipeline_layers
 from .optim import describe as describe_optimizer
@@ -115,6 +116,8 @@ def startup_lines(trainer) -> list[str]:
              f"{trainer.peak['device_name']}, layout {plan.layout.describe()} MBS {plan.mbs} "
              f"GBS {plan.gbs} GA {plan.ga}, {plan.dtype}, {plan.steps} steps",
              f"trainbench: compile {compile_description(plan)}"]
+    if plan.device == "cuda":  # the launcher's default or the user's (launch/rank_env.py)
+        lines.append(f"trainbench: CUDA allocator {allocator_setting()}")
     if trainer.world_size > 1:
         lines.append(f"trainbench: data-parallel sharding {dp_sharding_label(plan)}")
     if plan.adam_moments == "bf16":

@@ -28,6 +28,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgre
 
 from ..plan import Plan
 from ..rundir import EXIT_FILE, PLAN_FILE, log_file_name, write_launcher_record
+from .rank_env import NCCL_TRACE, rank_additions
 
 # The engine's step line, read one field at a time: a single pattern with `.*` between
 # the fields costs time quadratic in a long line that repeats `iteration N/M `.
@@ -85,8 +86,8 @@ def rank_environment(plan: Plan) -> dict[str, str]:
         # One thread per rank: ranks share this machine's cores.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.gpus)))
     if plan.features.nccl_trace:
-        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL,P2P,NET"})
-    env["PYTHONUNBUFFERED"] = "1"
+        env.update(NCCL_TRACE)
+    env.update(rank_additions(plan, env))
     return env
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..rundir import EXIT_FILE, PLAN_FILE, new_experiment_dir, root_of_experiment
 from .jobs import JobsDB
 from .local import nsys_prefix
+from .rank_env import NCCL_TRACE, rank_additions
 from .slurm import (SlurmError, SlurmOptions, SubmitError, check_options, check_path, cluster_env,
                     ranks_per_node, warn_missing_settings)
 
@@ -36,9 +37,10 @@ def job_environment(plan, cluster: dict) -> list[tuple[str, str]]:
     env = dict(cluster_env(cluster))
     if plan.features.nccl_trace:
         # The seeds' ENABLE_NCCLTRACE: NCCL's own per-collective log lines.
-        env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL,P2P,NET"})
+        env.update(NCCL_TRACE)
     env.update(dict(plan.env))
-    env["PYTHONUNBUFFERED"] = "1"  # rank output reaches the .out files as it happens
+    # The job inherits this shell's environment (sbatch --export=ALL, the default).
+    env.update(rank_additions(plan, {**os.environ, **env}))
     return list(env.items())
 
 
