@@ -5,7 +5,8 @@
 # ran. Highest value first: the FP8 proxies' kernel breakdowns (where predict still misses
 # 13-29%: FSDP's float8 all-gather casts, torchao's eager passes), the cast rates and a
 # probe on this GPU type (the H200's probe timed attention at 188 TFLOPS where the MoE
-# proxies' own cuDNN kernels ran at 360-450), then the accept rows no GPU has run. One
+# proxies' own cuDNN kernels ran at 360-450), then the accept rows no GPU has run and the
+# allocator's reserve with expandable segments. One
 # process per dtype: compiling two proxies in one process ran past 130 s on the H200.
 # bench/gpu_checks.sh is the unhurried version.
 #
@@ -44,6 +45,10 @@ step cast_rates 60 "$py" bench/cast_rates.py
 step probe 90 "$py" -m trainbench.cli probe --scale 1 --root "$work/probe"
 step accept_fp8 200 "$py" -m trainbench.cli accept --only nemotronh-fp8,llama2-fp8,nemotron4-fp8 \
     --steps 6 --time-limit 65 --out "$work/accept_fp8"
+# Ranks now run with expandable segments (launch/rank_env.py): the same row as the
+# 2026-11-28 lease's, whose reserved peak was 81.32 GiB for 72.39 allocated without them.
+step allocator_on 70 "$py" -m trainbench.cli accept --only nemotron4-bf16 --steps 4 \
+    --time-limit 60 --out "$work/allocator_on"
 step accept_rest 150 "$py" -m trainbench.cli accept --only llama3.1-bf16,deepseek_v3-fp8 \
     --steps 6 --time-limit 70 --out "$work/accept_rest"
 echo "done at +$(( $(date +%s) - start ))s" >> "$summary"; pack
