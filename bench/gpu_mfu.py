@@ -325,8 +325,7 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}%"
 
 
-def main() -> None:
-    global TOP_OPS
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps (default 10 on a GPU, 2 on a CPU)")
@@ -347,26 +346,22 @@ def main() -> None:
                         help="blocks in the proxy (default 4 on a GPU, 2 on a CPU)")
     parser.add_argument("--top", type=int, default=TOP_OPS, help="operators listed per run")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    args = parser.parse_args()
-    cuda = torch.cuda.is_available()
-    steps = args.steps or (10 if cuda else 2)
-    warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    return parser.parse_args()
 
-    device = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"gpu_mfu: {device}, torch {torch.__version__}")
-    if not cuda:
-        print(NO_GPU)
-    TOP_OPS = args.top
-    force_one_rank_fsdp(args.one_rank_fsdp)
-    compile_ = None if args.compile is None else args.compile == "on"
-    plans = {dtype: make_plan(dtype, cuda, args.peak_tflops, compile_, args.layers) for dtype in dtypes}
+
+def print_shape(plans: dict, steps: int, warmup: int) -> None:
+    """The proxy's shape (every dtype's plan has the same) and the steps timed."""
     spec = next(iter(plans.values())).model
     first = next(iter(plans.values()))
     print(f"shape: Llama 3.1 hidden {spec.hidden}, {spec.heads} heads / {spec.kv_heads} KV, "
           f"FFN {spec.ffn}, vocab {spec.vocab_size}, {spec.layers} layers, "
           f"seq {first.seq_len}, MBS {first.mbs}, GBS {first.gbs}; "
           f"{warmup} warm-up + {steps} timed steps (median)")
+
+
+def bench_all(plans: dict, args: argparse.Namespace, steps: int, warmup: int,
+              cuda: bool) -> list[dict]:
+    """One row per trainbench dtype, then the Hugging Face loop's (bf16) unless --no-hf."""
     rows = []
     for dtype, plan in plans.items():
         result = bench_trainbench(plan, steps, warmup, cuda)
@@ -381,7 +376,10 @@ def main() -> None:
         peak = plan.peak_tflops if cuda else None
         rows.append(dict(run="HF LlamaForCausalLM", dtype="bf16", **result,
                          **figures(result, plan, peak), mfu_peak=peak))
+    return rows
 
+
+def print_table(rows: list[dict]) -> None:
     # MFU is against the dtype's dense peak, as trainbench's results compute it: an fp8
     # run's against the fp8 peak (twice the bf16 one on Hopper).
     print("| run | dtype | ms/step | tokens/s | TFLOPS pub. | MFU pub. | TFLOPS causal "
@@ -394,11 +392,19 @@ def main() -> None:
               f"{pct(r['mfu_causal_pct'])} | {r['mfu_peak'] or '-'} | "
               f"{r['peak_memory_gib']:.2f} | "
               f"{r['sdpa_backend']} | {r['optimizer']} |")
+
+
+def print_top_ops(rows: list[dict], cuda: bool) -> None:
     for r in rows:
         print(f"\n{r['run']} {r['dtype']}: top operators of one profiled step "
               f"(self {'device' if cuda else 'CPU'} time)")
         for name, ms, share in r["top_ops"]:
             print(f"  {ms:9.2f} ms {100 * share:5.1f}%  {name}")
+
+
+def print_targets(rows: list[dict]) -> None:
+    """The ratios issue 19 targets, where both of a ratio's runs ran, then predict's
+    figure for each trainbench dtype."""
     by = {(r["run"], r["dtype"]): r for r in rows}
     tb_bf16, tb_fp8 = by.get(("trainbench", "bf16")), by.get(("trainbench", "fp8"))
     hf = by.get(("HF LlamaForCausalLM", "bf16"))
@@ -412,6 +418,29 @@ def main() -> None:
     for r in rows:
         if "predicted" in r:
             print(f"predict, trainbench {r['dtype']}: {r['predicted']}")
+
+
+def main() -> None:
+    global TOP_OPS
+    args = parse_args()
+    cuda = torch.cuda.is_available()
+    steps = args.steps or (10 if cuda else 2)
+    warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+
+    device = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"gpu_mfu: {device}, torch {torch.__version__}")
+    if not cuda:
+        print(NO_GPU)
+    TOP_OPS = args.top
+    force_one_rank_fsdp(args.one_rank_fsdp)
+    compile_ = None if args.compile is None else args.compile == "on"
+    plans = {dtype: make_plan(dtype, cuda, args.peak_tflops, compile_, args.layers) for dtype in dtypes}
+    print_shape(plans, steps, warmup)
+    rows = bench_all(plans, args, steps, warmup, cuda)
+    print_table(rows)
+    print_top_ops(rows, cuda)
+    print_targets(rows)
     if not cuda:
         print(NO_GPU)
     if args.json:

@@ -138,7 +138,7 @@ def layer_scaling(cuda: bool, repeats: int = 5) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--proxies", default=",".join(PROXIES),
                         help=f"comma-separated, of {', '.join(PROXIES)}")
@@ -155,27 +155,17 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=gpu_mfu.TOP_OPS,
                         help="operators listed per run")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    args = parser.parse_args()
-    cuda = torch.cuda.is_available()
-    steps = args.steps or (8 if cuda else 1)
-    warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
-    dtypes = [d.strip() for d in (args.dtypes or ("bf16,fp8" if cuda else "bf16,mxfp8"))
-              .split(",") if d.strip()]
-    keys = [k.strip() for k in args.proxies.split(",") if k.strip()]
-    unknown = sorted(set(keys) - set(PROXIES))
-    if unknown:
-        sys.exit(f"gpu_moe: unknown proxies {', '.join(unknown)}; known: {', '.join(PROXIES)}")
-    gpu_mfu.TOP_OPS = args.top
-    device = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"gpu_moe: {device}, torch {torch.__version__}")
-    if not cuda:
-        print(NO_GPU)
+    return parser.parse_args()
 
+
+def bench_proxies(keys: list[str], dtypes: list[str], peak_tflops: float | None, steps: int,
+                  warmup: int, cuda: bool) -> tuple[list[dict], list[str]]:
+    """(rows, skipped): each proxy in each dtype through trainbench's Trainer, or why not."""
     rows, skipped = [], []
     for key in keys:
         for dtype in dtypes:
             try:
-                plan, why = proxy_plan(key, dtype, cuda, args.peak_tflops)
+                plan, why = proxy_plan(key, dtype, cuda, peak_tflops)
             except PlanError as err:
                 plan, why = None, err.problems[0]
             if plan is None:
@@ -194,15 +184,18 @@ def main() -> None:
                 gpu_mfu.reset_peak_memory()
                 continue
             gpu_mfu.reset_peak_memory()
-            peak = result["peak_tflops"] if cuda and not result["mfu_not_applicable"] else None
+            mfu_peak = result["peak_tflops"] if cuda and not result["mfu_not_applicable"] else None
             row = dict(proxy=key, dtype=dtype, shape=shape, expert_path=expert_path(plan, cuda),
-                       **result, **gpu_mfu.figures(result, plan, peak), mfu_peak=peak,
-                       predicted=gpu_mfu.predicted(plan))
+                       **result, **gpu_mfu.figures(result, plan, mfu_peak),
+                       mfu_peak=mfu_peak, predicted=gpu_mfu.predicted(plan))
             if cuda:
                 from trainbench.predict.perf import predict_step
                 row["predicted_step_s"] = predict_step(plan, sharding="engine").step_time_s
             rows.append(row)
+    return rows, skipped
 
+
+def print_table(rows: list[dict]) -> None:
     print()
     print("| proxy | dtype | ms/step | tokens/s | TFLOPS pub. | MFU pub. | TFLOPS causal "
           "| MFU causal | peak mem GiB | predicted ms | measured / predicted |")
@@ -214,12 +207,20 @@ def main() -> None:
               f"{r['tokens_per_s']:,.0f} | {r['tflops_published']:.1f} | "
               f"{gpu_mfu.pct(r['mfu_published_pct'])} | {r['tflops_causal']:.1f} | "
               f"{gpu_mfu.pct(r['mfu_causal_pct'])} | {r['peak_memory_gib']:.2f} | {versus} |")
+
+
+def print_profiles(rows: list[dict], cuda: bool) -> None:
+    """Each run's top operators of its profiled step, and on a GPU its kernels."""
     for r in rows:
         print(f"\n{r['proxy']} {r['dtype']} ({r['expert_path']}): top operators of one "
               f"profiled step (self {'device' if cuda else 'CPU'} time)")
         for name, ms, share in r["top_ops"]:
             print(f"  {ms:9.2f} ms {100 * share:5.1f}%  {name}")
         gpu_mfu.print_kernels(f"{r['proxy']} {r['dtype']}", r["profiled"])
+
+
+def print_targets(rows: list[dict], keys: list[str], cuda: bool) -> None:
+    """predict's figure for each run, then issue 35's GPU targets where their runs ran."""
     print()
     for r in rows:
         print(f"predict, {r['proxy']} {r['dtype']}: {r['predicted']}")
@@ -234,17 +235,44 @@ def main() -> None:
         print(f"qwen3-235b bf16: {big['tflops_published']:.0f} TFLOPS published convention "
               "(target >= 300), measured / predicted step "
               f"{big['step_time_s'] / big['predicted_step_s']:.2f}x (target within 1.2x)")
+
+
+def time_layer(device: str, cuda: bool) -> dict:
+    """layer_scaling's timings, printed against issue 35's CPU target."""
+    layer = layer_scaling(cuda)
+    print(f"\nMoE layer fwd+bwd, hidden 256, expert width 128, top 4, 2,048 tokens "
+          f"({'bf16 autocast, ' + device if cuda else 'fp32, CPU'}, "
+          f"{torch.get_num_threads()} threads): 16 experts {layer[16]:.1f} ms, "
+          f"128 experts {layer[128]:.1f} ms, {layer[128] / layer[16]:.2f}x "
+          "(target <= 3x on a CPU)")
+    return layer
+
+
+def main() -> None:
+    args = parse_args()
+    cuda = torch.cuda.is_available()
+    steps = args.steps or (8 if cuda else 1)
+    warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
+    dtypes = [d.strip() for d in (args.dtypes or ("bf16,fp8" if cuda else "bf16,mxfp8"))
+              .split(",") if d.strip()]
+    keys = [k.strip() for k in args.proxies.split(",") if k.strip()]
+    unknown = sorted(set(keys) - set(PROXIES))
+    if unknown:
+        sys.exit(f"gpu_moe: unknown proxies {', '.join(unknown)}; known: {', '.join(PROXIES)}")
+    gpu_mfu.TOP_OPS = args.top
+    device = torch.cuda.get_device_name() if cuda else "CPU"
+    print(f"gpu_moe: {device}, torch {torch.__version__}")
+    if not cuda:
+        print(NO_GPU)
+
+    rows, skipped = bench_proxies(keys, dtypes, args.peak_tflops, steps, warmup, cuda)
+    print_table(rows)
+    print_profiles(rows, cuda)
+    print_targets(rows, keys, cuda)
     for line in skipped:
         print(f"skipped: {line}")
 
-    layer = None
-    if not args.no_layer:
-        layer = layer_scaling(cuda)
-        print(f"\nMoE layer fwd+bwd, hidden 256, expert width 128, top 4, 2,048 tokens "
-              f"({'bf16 autocast, ' + device if cuda else 'fp32, CPU'}, "
-              f"{torch.get_num_threads()} threads): 16 experts {layer[16]:.1f} ms, "
-              f"128 experts {layer[128]:.1f} ms, {layer[128] / layer[16]:.2f}x "
-              "(target <= 3x on a CPU)")
+    layer = None if args.no_layer else time_layer(device, cuda)
     if not cuda:
         print(NO_GPU)
     if args.json:
