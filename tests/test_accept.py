@@ -12,7 +12,8 @@ from helpers import processes_naming, run_cli
 from trainbench.accept import AcceptError, AcceptRequest, parse_limits, plan_rows
 from trainbench.accept.checks import SUCCESS, TIMED_OUT, RowResult
 from trainbench.accept.machine import Machine
-from trainbench.accept.proxy import predicted, resolve
+from trainbench.accept.proxy import resolve
+from trainbench.results.predicted import predicted
 from trainbench.accept.report import Report, markdown, text
 from trainbench.accept.rows import FAMILIES, build_rows, check_rows, training_rows
 from trainbench.catalog import hardware
@@ -200,8 +201,9 @@ def test_a_gpu_rows_memory_is_its_allocated_peak_beside_the_reserved_one(tmp_pat
     """A GPU run's metrics.jsonl records the allocator's peak of allocated bytes each step
     (engine/step_metrics.py): accept compares that with predict, which counts allocated
     bytes, and lists the reserved peak beside it."""
-    from trainbench.accept.checks import allocated_peak_gib
     from trainbench.engine.log import StepMetrics
+    from trainbench.results.metrics_jsonl import read_metrics_jsonl
+    from trainbench.results.predicted import allocated_peak_gib
 
     def step(i: int, allocated: int | None) -> str:
         return StepMetrics(iteration=i, total_iterations=3, lr=1e-4, global_batch_size=2,
@@ -211,12 +213,9 @@ def test_a_gpu_rows_memory_is_its_allocated_peak_beside_the_reserved_one(tmp_pat
                            time=0.0, peak_allocated_bytes=allocated).to_json()
     (tmp_path / "metrics.jsonl").write_text(
         "\n".join([step(0, 40 * 2**30), step(1, 44 * 2**30), "not json", step(2, None)]) + "\n")
-    assert allocated_peak_gib(tmp_path) == 44.0
-    cpu = tmp_path / "cpu"
-    cpu.mkdir()
-    (cpu / "metrics.jsonl").write_text(step(0, None) + "\n")
-    assert allocated_peak_gib(cpu) is None
-    assert allocated_peak_gib(tmp_path / "missing") is None
+    assert allocated_peak_gib(read_metrics_jsonl(tmp_path / "metrics.jsonl").records) == 44.0
+    (tmp_path / "cpu.jsonl").write_text(step(0, None) + "\n")
+    assert allocated_peak_gib(read_metrics_jsonl(tmp_path / "cpu.jsonl").records) is None
 
     row = _result("llama3.1-fp8", 0.28, 0.26, 44.0, 41.9)
     row.memory_reserved_gib = 51.3

@@ -10,11 +10,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..planning import load_plan
-from ..rundir import METRICS_FILE
 from ..probe.profile import (MEMORY_METRIC, SUSTAINED_METRIC, ProbeError, load_profile,
                              rank_metrics)
+from ..results.predicted import allocated_peak_gib, predicted
 from ..results.summary import summarize_experiment
-from .proxy import predicted
 from .rows import BUILD, CHECKPOINT, PROBE, PROFILE, Row
 from .runner import Finished, experiment_dir, run_limited, trainbench_command
 
@@ -123,7 +122,7 @@ def _measure(res: RowResult, exp: Path | None) -> None:
     if r is None:
         return
     res.step_s, res.mfu_pct, res.memory_gib = r.step_time_mean_s, r.mfu_pct, r.peak_memory_gib
-    allocated = allocated_peak_gib(exp)
+    allocated = allocated_peak_gib(r.records)
     if allocated is not None:
         # predict counts allocated bytes (its allowance stands for the allocator's
         # caching); the reserved peak stays beside it.
@@ -133,24 +132,6 @@ def _measure(res: RowResult, exp: Path | None) -> None:
     res.pred_memory_gib = pred["memory_gib"]
     if r.mfu_problem:
         res.detail = r.mfu_problem
-
-
-def allocated_peak_gib(exp: Path) -> float | None:
-    """The largest `peak_allocated_bytes` of the run's metrics.jsonl, in GiB: a GPU run
-    records it each step; a CPU run, or a file without it, gives None."""
-    try:
-        lines = (exp / METRICS_FILE).read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    peaks = []
-    for line in lines:
-        try:
-            value = json.loads(line).get("peak_allocated_bytes")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            peaks.append(value)
-    return max(peaks) / 2**30 if peaks else None
 
 
 def train(ctx: Context, row: Row, res: RowResult) -> None:

@@ -1,4 +1,4 @@
-"""A row's plan, checked before it launches, and predict's figures for it. No torch.
+"""A row's plan, checked before it launches. No torch.
 
 The plan is built exactly as `trainbench run` builds it from the same options, so what
 predict describes is what runs. On a GPU a real-width proxy that does not plan here (an
@@ -16,7 +16,6 @@ from ..plan import Plan, PlanError
 from ..planning import build_plan
 from ..predict.context import ENGINE
 from ..predict.memory import predict_memory
-from ..predict.perf import predict_step
 from .rows import SINGLE_RANK, Row
 
 
@@ -51,18 +50,3 @@ def resolve(row: Row, gpu_key: str) -> tuple[Row, Plan | None, str | None]:
         return tiny, plan_of(tiny, gpu_key), None
     except PlanError as err:
         return tiny, None, f"{why}; the tiny size does not plan either: {err.problems[0]}"
-
-
-def predicted(plan: Plan) -> dict:
-    """predict's step time, MFU (published FLOPs) and peak memory for the plan, with
-    trainbench's engine as the sharding. Nothing for a CPU: predict has no step-time
-    model for one (no published peak), and a CPU run's peak memory is its process's
-    resident set, libraries included, which the memory model does not describe."""
-    if plan.device == "cpu":
-        return {"step_s": None, "mfu_pct": None, "memory_gib": None}
-    try:
-        step = predict_step(plan, sharding=ENGINE)
-    except (LookupError, ValueError) as err:
-        return {"step_s": None, "mfu_pct": None, "memory_gib": None, "problem": str(err)}
-    return {"step_s": step.step_time_s, "mfu_pct": 100 * step.mfu,
-            "memory_gib": step.memory.total_gib}

@@ -18,6 +18,7 @@ from ..console import console, fail
 from ..layout import rank_rows
 from ..plan import compile_label, dp_sharding_label, performance_notes
 from ..predict.memory import check_memory
+from ..results.predicted import predicted_line
 from ..results.summary import NO_PEAK_CPU_FP8
 from .local import Interrupts
 from .request import (RunRequest, RunRequestError, create_local_experiment, finish_local,
@@ -218,12 +219,6 @@ def warn_if_predicted_not_to_fit(out, plan, config: dict | None = None) -> bool:
     return fits
 
 
-
-
-
-
-
-
 def print_summary(out, r) -> None:
     """A run's window statistics and metrics (an ExperimentResult), next to the reference
     where one exists."""
@@ -266,6 +261,8 @@ def print_summary(out, r) -> None:
     elif r.rank_compute_spread_pct is not None:
         row("slowest rank's compute vs median", f"{r.rank_compute_spread_pct:+.1f}% "
             "(within 5%: no straggler)")
+    if r.predicted_step_time_s is not None:  # a GPU run: predict for this very plan
+        row("predict for this plan", predicted_line(r))
     if r.ref_step_time_s is not None:
         row("reference step time (s)", r.ref_step_time_s)
         row("% of reference tokens/s", r.pct_of_ref_tokens_per_s, "{:.1f}%")

@@ -64,6 +64,10 @@ class StepRecord:
     loss: float | None = None
     grad_norm: float | None = None
     peak_memory_bytes: int | None = None
+    """The allocator's reserved peak (trainbench's metrics.jsonl; the framework's figure
+    in another log)."""
+    peak_allocated_bytes: int | None = None
+    """The allocated peak (trainbench's metrics.jsonl on a GPU)."""
     memory_allocated_bytes: int | None = None
     consumed_samples: int | None = None
     global_batch_size: int | None = None
@@ -194,8 +198,8 @@ def key_values(text: str) -> dict[str, float]:
     return out
 
 
-_INT_FIELDS = {"peak_memory_bytes", "memory_allocated_bytes", "consumed_samples",
-               "global_batch_size"}
+_INT_FIELDS = {"peak_memory_bytes", "peak_allocated_bytes", "memory_allocated_bytes",
+               "consumed_samples", "global_batch_size"}
 
 
 def fill(rec: StepRecord, pairs: dict[str, float],

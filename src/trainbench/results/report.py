@@ -169,6 +169,8 @@ TABLE_COLUMNS = (
      else f"{r.pct_of_ref_step_time:.1f}%", "right"),
     ("%ref tok/s", lambda r: "-" if r.pct_of_ref_tokens_per_s is None
      else f"{r.pct_of_ref_tokens_per_s:.1f}%", "right"),
+    ("vs predict", lambda r: "-" if r.step_time_vs_predicted_pct is None
+     else f"{round(r.step_time_vs_predicted_pct):+d}%", "right"),
     ("J/token", lambda r: _num(r.energy_per_token_j, ".3g"), "right"),
     ("verdict", lambda r: r.verdict, "left"),
 )
@@ -179,7 +181,7 @@ TABLE_COLUMNS = (
 # (at least NAME_WIDTH wide); every other cell stays on one line, whole.
 COLUMN_PRIORITY = ("experiment", "status", "verdict", "workload", "GPUs", "step s±sd",
                    "tokens/s", "MFU", "TFLOPS/GPU", "mem GiB", "%ref tok/s", "fmt", "GBS",
-                   "window", "tok/s/GPU", "days/1T", "%ref step", "J/token")
+                   "window", "tok/s/GPU", "days/1T", "%ref step", "vs predict", "J/token")
 NAME_WIDTH = 20
 
 
