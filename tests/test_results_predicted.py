@@ -6,6 +6,7 @@ wrote them (docs/gpu-runs/, torch 2.11)."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -78,3 +79,17 @@ def test_a_profiled_gpu_run_and_a_cpu_run_get_no_prediction(tmp_path):
     assert cpu.status == "Success" and cpu.step_time_mean_s is not None
     assert (cpu.predicted_step_time_s, cpu.predicted_memory_gib) == (None, None)
     assert not [n for n in cpu.notes if n.startswith("finding:")]
+
+
+def test_a_plan_json_edited_past_plan_validation_gets_no_prediction(tmp_path):
+    """results reads whatever directory it is given: a plan.json whose layer count no
+    plan validates (10^12, which a per-layer walk of predict could not finish) is
+    summarised without a prediction, at once."""
+    run = tmp_path / "run"
+    shutil.copytree(_run_dir(H200_28 / "accept_dense", "nemotron4-bf16"), run)
+    plan = json.loads((run / "plan.json").read_text())
+    plan["model"]["layers"] = 10**12
+    (run / "plan.json").write_text(json.dumps(plan))
+    r = summarize_experiment(run)
+    assert r.status == "Success" and r.step_time_mean_s is not None
+    assert (r.predicted_step_time_s, r.predicted_memory_gib) == (None, None)

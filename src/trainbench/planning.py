@@ -347,6 +347,31 @@ def overlap_problems(plan: Plan) -> list[str]:
     return p
 
 
+# Far beyond any published model (Llama 3.1 405B has 126 layers, DeepSeek-V3 256 routed
+# experts; the published layouts run at most 512 microbatches a step), and small enough
+# that every per-layer, per-expert or per-microbatch walk of a plan stays instant.
+MAX_LAYERS = 1024
+MAX_EXPERTS = 4096
+MAX_MICROBATCHES = 65536
+
+
+def _size_problems(plan: Plan) -> list[str]:
+    """Sizes no model or schedule has: refused before anything walks them."""
+    p, m = [], plan.model
+    layers = max(m.layers, len(m.pattern or ""))
+    if layers > MAX_LAYERS:
+        p.append(f"{layers:,} layers: at most {MAX_LAYERS:,} (Llama 3.1 405B has 126); use "
+                 f"--set layers=N with N <= {MAX_LAYERS:,}")
+    if m.n_routed_experts > MAX_EXPERTS:
+        p.append(f"{m.n_routed_experts:,} routed experts: at most {MAX_EXPERTS:,} (DeepSeek-V3 "
+                 f"has 256); use --set experts=N with N <= {MAX_EXPERTS:,}")
+    microbatches = plan.gbs // max(1, plan.mbs * plan.layout.dp)
+    if microbatches > MAX_MICROBATCHES:
+        p.append(f"GBS {plan.gbs:,} is {microbatches:,} microbatches a step (GBS / (MBS x DP)): "
+                 f"at most {MAX_MICROBATCHES:,}; raise mbs or lower gbs")
+    return p
+
+
 def _model_problems(plan: Plan) -> list[str]:
     """What the model's heads, Mamba groups and experts need of the layout."""
     p, m, lay = [], plan.model, plan.layout
@@ -466,6 +491,9 @@ def validate(plan: Plan, scale: int, gpu: hardware.GPU | None) -> list[str]:
         if getattr(plan, key) < 1:
             p.append(f"{key}={getattr(plan, key)} must be at least 1")
     if p:
+        return p
+    p.extend(_size_problems(plan))
+    if p:  # nothing below is checked (or modelled) at these sizes
         return p
     if lay.world_size != scale:
         p.append(f"TP*PP*CP*DP = {lay.tp}*{lay.pp}*{lay.cp}*{lay.dp} = {lay.world_size} "

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..catalog import hardware
 from ..plan import Plan, PlanError
+from ..planning import validate
 from ..predict.context import ENGINE
 from ..predict.perf import predict_step
 from .experiment import ExperimentResult
@@ -44,7 +46,11 @@ def plan_as_run(plan_data: dict, run: dict | None) -> Plan | None:
     for a plan.json this trainbench cannot read."""
     try:
         plan = Plan.from_dict(plan_data)
-    except (PlanError, TypeError, KeyError, ValueError, AttributeError):
+        # The checks `run` and the engine make: a plan.json edited past them (a layer
+        # count of 10^12) gets no prediction rather than a model of it.
+        if validate(plan, plan.gpus, hardware.GPUS.get(plan.gpu_type)):
+            return None
+    except (PlanError, TypeError, KeyError, ValueError, AttributeError, OverflowError):
         return None
     scan = (run or {}).get("ssd_scan")
     if plan.ssd_scan == "auto" and isinstance(scan, str) and scan.startswith("torch"):
