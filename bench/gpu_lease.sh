@@ -40,6 +40,11 @@ step() {  # step NAME SECONDS COMMAND...: within what is left of the budget, the
 step import_all 60 "$py" bench/import_all.py
 moe="$py bench/gpu_moe.py --steps 3 --warmup 2 --no-layer --top 40"
 step moe_dsv3_fp8 110 $moe --proxies deepseek-v3 --dtypes fp8 --json "$work/moe_dsv3_fp8.json"
+# Nemotron-H's FP8 proxy ran slower than its bf16 one (563 against 491 ms), unprofiled:
+# where its step goes, kernel by kernel (steps 4-5 profiled, the log's top operators).
+step nemotronh_fp8_profile 100 "$py" -m trainbench.cli run -w pretrain_nemotronh -s 56b \
+    --dtype fp8 --scale 1 --gpu h200 --steps 7 --profile torch --profile-steps 4-5 \
+    --set "layers=3 mbs=1 gbs=2 tp=1 pp=1 cp=1 dp=1" --root "$work/nemotronh_fp8_profile"
 step moe_235b_fp8 110 $moe --proxies qwen3-235b --dtypes fp8 --json "$work/moe_235b_fp8.json"
 step cast_rates 60 "$py" bench/cast_rates.py
 step probe 90 "$py" -m trainbench.cli probe --scale 1 --root "$work/probe"
