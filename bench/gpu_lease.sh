@@ -29,7 +29,9 @@ step() {  # step NAME SECONDS COMMAND...: within what is left of the budget, the
   if [ "$left" -lt 40 ]; then echo "skipped $name: ${left}s left" >> "$summary"; pack; return; fi
   [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name at +$(( $(date +%s) - start ))s, limit ${limit}s: $*" >> "$summary"
-  timeout -k 10 "$limit" "$@" > "$work/$name.log" 2>&1
+  # 20 s after the SIGTERM: `accept` stops its running command (SIGTERM, 15 s, SIGKILL)
+  # before it exits, so nothing of one step shares the GPU with the next.
+  timeout -k 20 "$limit" "$@" > "$work/$name.log" 2>&1
   echo "   $name exit $? at +$(( $(date +%s) - start ))s" >> "$summary"
   pack
 }

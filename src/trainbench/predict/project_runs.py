@@ -31,11 +31,14 @@ H200_LOGS = "docs/gpu-runs/2026-11-27-h200"
 H200_LOGS_28 = "docs/gpu-runs/2026-11-28-h200"
 PROBE_PROFILES = {
     "h100": f"{H100_LOGS}/hardware-profile-h100.json",
-    "h200": f"{H200_LOGS_28}/accept_checks/runs/probe/probes/probe_h200_ranks1_20261128-063316/"
-            "hardware-profile.json",
 }
-"""`trainbench probe`'s profile of each GPU type the project ran on (the H200's from the
-2026-11-28 lease, a day after that type's first runs): predict --hardware's figures."""
+"""`trainbench probe`'s profile of each GPU type the project ran on, as predict --hardware
+reads it, where the probe had its GPU to itself. The H200's of 2026-11-28
+(accept_checks/runs/probe/) did not: it started at 06:33:16 and wrote its profile at
+06:33:55, and the lease's next step started the Llama 2 accept row on the same GPU at
+06:33:24 (its experiment's name), so every figure it timed shared the GPU. Its attention
+read 188 TFLOPS, against 444 from the same code on the H100 and 360-450 from the MoE
+proxies' own cuDNN kernels on the H200."""
 ONE_RANK = {"tp": 1, "cp": 1, "pp": 1, "dp": 1}
 # bench/gpu_moe.py's one-GPU MoE shape (ONE_GPU there).
 MOE_PROXY = dict(ONE_RANK, ep=1, vp=1, seq_len=4096, mbs=1, gbs=2)
