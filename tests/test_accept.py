@@ -5,6 +5,10 @@ limit stops it while the others go on."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -222,3 +226,30 @@ def test_a_gpu_rows_memory_is_its_allocated_peak_beside_the_reserved_one(tmp_pat
     rep = Report(machine=H100, command="trainbench accept", started="now", rows=[row])
     assert rep.findings == []  # 44 against 41.9: +5%; the reserved 51.3 would be +22%
     assert "llama3.1-fp8: peak 44 GiB allocated, 51.3 GiB reserved by the allocator" in text(rep)
+
+
+def test_an_acceptance_run_killed_outright_takes_its_running_command_with_it(tmp_path):
+    """SIGKILL (a lease's `timeout -k`) cannot be caught, so the acceptance run cannot stop
+    the command it runs. The kernel tells the command instead (PR_SET_PDEATHSIG): it stops
+    its ranks as on SIGTERM, and nothing of the killed run holds the device for the next
+    job (on one H200 a probe left so shared its GPU with the next run)."""
+    out = tmp_path / "acceptance"
+    env = {**os.environ, "TRAINBENCH_ROOT": str(tmp_path),
+           "TRAINBENCH_CONFIG": str(tmp_path / "cluster.yaml")}
+    accept = subprocess.Popen(
+        [sys.executable, "-m", "trainbench.cli", "accept", "--only", "llama3.1-bf16",
+         "--steps", "1000", "--out", str(out)], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not [p for p in processes_naming(str(out)) if "trainbench.engine" in p]:
+        assert accept.poll() is None and time.monotonic() < deadline, "no rank started"
+        time.sleep(0.5)
+    accept.kill()
+    accept.wait()
+    deadline = time.monotonic() + 60
+    while processes_naming(str(out)):
+        assert time.monotonic() < deadline, processes_naming(str(out))
+        time.sleep(0.5)
+    # Stopped by that SIGTERM, not left to train its 1,000 steps alone.
+    (exit_file,) = out.rglob("exit.json")
+    assert json.loads(exit_file.read_text())["reason"].startswith("interrupted by SIGTERM")

@@ -8,7 +8,9 @@ costs its own limit and nothing else.
 Because that session is not the acceptance run's own, a signal that stops the acceptance
 run (Ctrl-C, or SIGTERM from `timeout`, a batch system or a lease that ends) would leave
 the running command behind, holding the GPU the next job gets. So while a command runs,
-SIGTERM stops it too, as Ctrl-C does, before the acceptance run ends by the same signal.
+SIGTERM stops it too, as Ctrl-C does, before the acceptance run ends by the same signal;
+and should the acceptance run be killed outright (SIGKILL, `timeout -k`), the kernel
+sends the command SIGTERM (PR_SET_PDEATHSIG), which stops it the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..launch.local import stop_with_parent
 
 GRACE_S = 15.0
 """How long a stopped command has to write its records (the launcher writes exit.json
@@ -89,7 +93,8 @@ def run_limited(cmd: list[str], log: Path, limit_s: float,
         out.write(("$ " + " ".join(cmd) + "\n").encode())
         out.flush()
         proc = subprocess.Popen(cmd, stdout=data if stdout else out, stderr=out,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=stop_with_parent(os.getpid()))
         try:
             code = proc.wait(timeout=limit_s)
             timed_out = False

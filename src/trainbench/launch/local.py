@@ -229,7 +229,7 @@ def _run_guarded(plan: Plan, exp_dir: Path, interactive: bool | None,
         proc = subprocess.Popen(torchrun_command(plan, plan_path), env=rank_environment(plan),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", start_new_session=True,
-                                preexec_fn=_stop_with_parent(os.getpid()))
+                                preexec_fn=stop_with_parent(os.getpid()))
         guard.group = proc.pid
         guard.arm()
         for raw in proc.stdout:
@@ -484,9 +484,10 @@ def _release(path: Path | None) -> None:
             pass
 
 
-def _stop_with_parent(parent: int):
-    """preexec_fn for torchrun: it gets SIGTERM (and stops the ranks in order) when this
-    launcher dies, even by SIGKILL, which no handler of ours can catch."""
+def stop_with_parent(parent: int):
+    """preexec_fn for a child that must not outlive `parent` (torchrun under the launcher,
+    a command under `accept`): it gets SIGTERM, and stops what it started in order, when
+    the parent dies, even by SIGKILL, which no handler of ours can catch."""
     libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork
     pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
 

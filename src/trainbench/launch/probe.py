@@ -261,7 +261,7 @@ def run_local(plan: dict, out_dir: Path, echo=print) -> tuple[int, str]:
     proc = subprocess.Popen(torchrun_command(plan, out_dir / P.PLAN_FILE), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", start_new_session=True,
-                            preexec_fn=local._stop_with_parent(os.getpid()))
+                            preexec_fn=local.stop_with_parent(os.getpid()))
     try:
         with open(out_dir / LOG_FILE, "a") as log:
             for raw in proc.stdout:
