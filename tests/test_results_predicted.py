@@ -81,15 +81,23 @@ def test_a_profiled_gpu_run_and_a_cpu_run_get_no_prediction(tmp_path):
     assert not [n for n in cpu.notes if n.startswith("finding:")]
 
 
-def test_a_plan_json_edited_past_plan_validation_gets_no_prediction(tmp_path):
-    """results reads whatever directory it is given: a plan.json whose layer count no
-    plan validates (10^12, which a per-layer walk of predict could not finish) is
-    summarised without a prediction, at once."""
+@pytest.mark.parametrize("field, value", [
+    ("layers", 10**12),  # past plan validation; a per-layer walk of predict would not end
+    ("heads", 0),        # no plan has it; predict would divide by it
+    ("hidden", 10**400),  # beyond a float
+])
+def test_a_plan_json_edited_past_what_a_plan_can_be_gets_no_prediction(tmp_path, field,
+                                                                        value):
+    """results reads whatever directory it is given: a run whose plan.json was edited to
+    sizes no model has is summarised from its steps, without a prediction, at once."""
     run = tmp_path / "run"
     shutil.copytree(_run_dir(H200_28 / "accept_dense", "nemotron4-bf16"), run)
     plan = json.loads((run / "plan.json").read_text())
-    plan["model"]["layers"] = 10**12
+    plan["model"][field] = value
     (run / "plan.json").write_text(json.dumps(plan))
     r = summarize_experiment(run)
     assert r.status == "Success" and r.step_time_mean_s is not None
     assert (r.predicted_step_time_s, r.predicted_memory_gib) == (None, None)
+    if field == "hidden":  # no FLOPs count of its own: the log's TFLOPS, and a note
+        assert r.tflops_source == "log"
+        assert any(n.startswith("no FLOPs count for this model's sizes") for n in r.notes)

@@ -34,8 +34,10 @@ def predicted(plan: Plan) -> dict:
         return none
     try:
         step = predict_step(plan, sharding=ENGINE)
-    except (LookupError, ValueError) as err:
-        return {**none, "problem": str(err)}
+    except (LookupError, ValueError, TypeError, ArithmeticError) as err:
+        # Also a plan.json edited to sizes no model has (0 heads, a width of 10^400):
+        # `results` reads any directory and must say what it can of it.
+        return {**none, "problem": f"{type(err).__name__}: {err}"}
     return {"step_s": step.step_time_s, "mfu_pct": 100 * step.mfu,
             "memory_gib": step.memory.total_gib}
 

@@ -60,6 +60,23 @@ def positive_number(value) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
+def _flops_per_sequence(result: ExperimentResult, spec, convention: str) -> float | None:
+    """The model's FLOPs per sequence, or None (with a note where the model's sizes give
+    no finite count: a plan.json edited to a width of 10^400, or to zero heads)."""
+    if spec is None:
+        return None
+    try:
+        f = fl.flops_per_sequence(spec, result.seq_len, convention)
+    except (ArithmeticError, ValueError) as err:
+        result.notes.append(f"no FLOPs count for this model's sizes ({type(err).__name__}): "
+                            "no TFLOPS or MFU")
+        return None
+    if not math.isfinite(f):
+        result.notes.append("no finite FLOPs count for this model's sizes: no TFLOPS or MFU")
+        return None
+    return f
+
+
 def window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: str,
                     facts: RunFacts, window_given: bool = False) -> None:
     records = scan.records
@@ -101,8 +118,8 @@ def window_metrics(result: ExperimentResult, scan: LogScan, spec, convention: st
             result.tokens_per_s_per_gpu = result.tokens_per_s / result.gpus
     peak, source = peak_of(result, facts)
     result.peak_tflops, result.peak_source = peak, source
-    if spec is not None and result.gbs and result.gpus:
-        f = fl.flops_per_sequence(spec, result.seq_len, convention)
+    f = _flops_per_sequence(result, spec, convention)
+    if f is not None and result.gbs and result.gpus:
         result.tflops_per_gpu = metrics.tflops_per_gpu(result.gbs, f, t, result.gpus)
         result.tflops_source = f"computed ({convention})"
         result.mfu_convention = convention
