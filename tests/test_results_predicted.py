@@ -82,9 +82,11 @@ def test_a_profiled_gpu_run_and_a_cpu_run_get_no_prediction(tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("layers", 10**12),  # past plan validation; a per-layer walk of predict would not end
-    ("heads", 0),        # no plan has it; predict would divide by it
-    ("hidden", 10**400),  # beyond a float
+    ("layers", 10**12),   # a per-layer walk of predict would not end
+    ("heads", 0),         # predict would divide by it
+    ("hidden", 10**400),  # beyond a float: no FLOPs count either
+    ("layers", -5),       # a negative TFLOPS
+    ("layers", "x"),
 ])
 def test_a_plan_json_edited_past_what_a_plan_can_be_gets_no_prediction(tmp_path, field,
                                                                         value):
@@ -98,6 +100,6 @@ def test_a_plan_json_edited_past_what_a_plan_can_be_gets_no_prediction(tmp_path,
     r = summarize_experiment(run)
     assert r.status == "Success" and r.step_time_mean_s is not None
     assert (r.predicted_step_time_s, r.predicted_memory_gib) == (None, None)
-    if field == "hidden":  # no FLOPs count of its own: the log's TFLOPS, and a note
-        assert r.tflops_source == "log"
-        assert any(n.startswith("no FLOPs count for this model's sizes") for n in r.notes)
+    # No FLOPs count from it, nor the catalog's whole model: the log's own TFLOPS.
+    assert r.tflops_source == "log" and r.tflops_per_gpu > 0
+    assert any(n.startswith("plan.json's model has sizes no model has") for n in r.notes)

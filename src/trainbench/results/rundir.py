@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..catalog import models
@@ -103,6 +103,8 @@ class RunFacts:
 
     plan: dict | None = None
     model: models.ModelSpec | None = None
+    model_refused: bool = False
+    """plan.json's model has sizes no model has: no FLOPs count, not even the catalog's."""
     run: dict | None = None
     exit: dict | None = None
 
@@ -129,6 +131,29 @@ def read_json(path: Path, notes: list[str]) -> dict | None:
     return data
 
 
+MAX_SIZE = 2**31 - 1
+"""The largest count a plan can hold (`--set`'s bound): past it a plan.json was edited."""
+POSITIVE_SIZES = ("vocab_size", "hidden", "ffn", "layers", "heads", "kv_heads", "head_dim",
+                  "seq_len")
+
+
+def model_size_problem(spec: models.ModelSpec) -> str | None:
+    """Why a plan.json's model has sizes no model has (a negative width, zero heads, a
+    count past MAX_SIZE), or None. Its FLOPs and predict's figures would be nonsense:
+    a negative TFLOPS, a division by zero, an integer beyond a float."""
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        if f.type != "int":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"{f.name} = {str(value)[:20]!r}"
+        low = 1 if f.name in POSITIVE_SIZES else 0
+        if not low <= value <= MAX_SIZE:
+            shown = str(value) if len(str(value)) <= 20 else f"a number of {len(str(value))} digits"
+            return f"{f.name} = {shown}"
+    return None
+
+
 def read_run_dir(directory: Path, notes: list[str]) -> RunFacts:
     facts = RunFacts()
     facts.plan = read_json(directory / PLAN_FILE, notes)
@@ -143,6 +168,11 @@ def read_run_dir(directory: Path, notes: list[str]) -> RunFacts:
                 facts.model = spec.with_layers(layers) if layers and not spec.is_hybrid else spec
             except (LookupError, KeyError):
                 notes.append("plan.json names a model this trainbench does not know")
+    problem = model_size_problem(facts.model) if facts.model is not None else None
+    if problem:
+        notes.append(f"plan.json's model has sizes no model has ({problem}): no FLOPs count "
+                     "or prediction from it")
+        facts.model, facts.model_refused = None, True
     facts.run = read_json(directory / RUN_FILE, notes)
     facts.exit = read_json(directory / EXIT_FILE, notes)
     return facts

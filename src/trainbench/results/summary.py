@@ -23,8 +23,8 @@ from .metrics_jsonl import read_metrics_jsonl
 from .observations import profiling_overhead, straggler_note, telemetry
 from .parse import LogScan, scan_log
 from .predicted import predict_beside
-from .rundir import (RunFacts, experiment_name, find_experiments, not_regular, read_run_dir,
-                     run_dir_log, still_running)
+from .rundir import (MAX_SIZE, RunFacts, experiment_name, find_experiments, not_regular,
+                     read_run_dir, run_dir_log, still_running)
 from .window import NO_PEAK_CPU_FP8, window_metrics
 
 __all__ = ["ExperimentResult", "NO_PEAK_CPU_FP8", "check_options", "find_experiments",
@@ -135,7 +135,8 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
         # should, so it is never a Success.
         result.status = FAILED
     _compare(result, spec, convention, tolerance_pct)
-    predict_beside(result, facts.plan, facts.run)
+    if facts.model is not None:  # a model with sizes a plan can have
+        predict_beside(result, facts.plan, facts.run)
     return result
 
 
@@ -246,8 +247,9 @@ def _identify_from_plan(result: ExperimentResult, facts: RunFacts) -> None:
     plan = facts.plan
     result.workload, result.size = plan.get("workload"), plan.get("size")
     result.dtype, result.gpu_type = plan.get("dtype"), plan.get("gpu_type")
-    result.gpus = plan.get("gpus")
-    result.gbs, result.seq_len = plan.get("gbs"), plan.get("seq_len")
+    # Counts past any plan's (a plan.json edited by hand) are no identity: left unknown.
+    result.gpus, result.gbs, result.seq_len = (_size(plan.get(key))
+                                               for key in ("gpus", "gbs", "seq_len"))
     layout = plan.get("layout") or {}
     if layout:
         try:
@@ -338,7 +340,7 @@ def _fact_str(facts: dict, key: str) -> str | None:
 def _model_spec(result: ExperimentResult, facts: RunFacts, notes: list[str]):
     if facts.model is not None:
         return facts.model
-    if not (result.workload and result.size):
+    if facts.model_refused or not (result.workload and result.size):
         return None
     try:
         spec = models.get_model(result.workload, result.size)
@@ -353,6 +355,13 @@ def _model_spec(result: ExperimentResult, facts: RunFacts, notes: list[str]):
         except LookupError:
             pass
     return spec
+
+
+def _size(value) -> int | None:
+    """A plan's count (GPUs, GBS, sequence length) as an int from 1 to MAX_SIZE, or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIZE:
+        return value
+    return None
 
 
 def _count(value) -> int | None:

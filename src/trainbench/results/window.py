@@ -67,7 +67,7 @@ def _flops_per_sequence(result: ExperimentResult, spec, convention: str) -> floa
         return None
     try:
         f = fl.flops_per_sequence(spec, result.seq_len, convention)
-    except (ArithmeticError, ValueError) as err:
+    except (ArithmeticError, ValueError, TypeError) as err:
         result.notes.append(f"no FLOPs count for this model's sizes ({type(err).__name__}): "
                             "no TFLOPS or MFU")
         return None
