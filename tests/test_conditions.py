@@ -210,6 +210,44 @@ def test_combine_sums_energy_over_nodes_or_says_why_not():
     assert part["throttled"] is True and "1 of 4 node(s) throttled" in part["throttle_reasons"]
 
 
+def test_a_gpu_with_more_compute_processes_than_the_runs_rank_is_shared():
+    """Each sample counts NVML's compute processes per GPU; a GPU that ever had more than
+    this run's one rank was shared. A count of 0 (NVML shows none, as in a container that
+    hides other PIDs) claims nothing."""
+    samples = [[1, 1, 0], [1, 2, 0], [1, 1, 0]]
+    assert telemetry.shared_gpus(samples) == {"gpu_processes_max": [1, 2, 0],
+                                              "shared_gpus": [1]}
+    assert telemetry.shared_gpus([[1, 1], [1, 1]])["shared_gpus"] == []
+    assert telemetry.shared_gpus([]) == {"gpu_processes_max": None, "shared_gpus": None}
+    node = {"source": "nvml", "energy_j": None, "throttled": False, "throttle_reasons": [],
+            "missing": [], "shared_gpus": [1]}
+    job = telemetry.combine(node, None, nodes=4, nodes_with_energy=0, nodes_throttled=0,
+                            tokens=8000, nodes_shared=1)
+    assert job["gpu_shared"] is True and job["gpu_shared_nodes"] == "1 of 4 node(s)"
+    alone = telemetry.combine({**node, "shared_gpus": []}, None, nodes=1, nodes_with_energy=0,
+                              nodes_throttled=0, tokens=8000, nodes_shared=0)
+    assert alone["gpu_shared"] is False
+    unseen = telemetry.combine({**node, "shared_gpus": None}, None, nodes=1,
+                               nodes_with_energy=0, nodes_throttled=0, tokens=8000)
+    assert "gpu_shared" not in unseen
+
+
+def test_results_say_when_a_gpu_run_shared_its_gpu(tmp_path):
+    """A run of one H200 (docs/gpu-runs/), its run.json telemetry as the engine writes it
+    when NVML counted another process on its GPU: the result says so, and why it
+    matters."""
+    (src,) = Path(__file__).resolve().parent.parent.glob(
+        "docs/gpu-runs/2026-11-28-h200/accept_dense/runs/nemotron4-bf16/experiments/*/*")
+    copy = Path(shutil.copytree(src, tmp_path / src.name))
+    assert summarize_experiment(copy).gpu_shared is None  # written before it was counted
+    run = json.loads((copy / "run.json").read_text())
+    run["telemetry"].update(gpu_processes_max=[2], shared_gpus=[0], gpu_shared=True)
+    (copy / "run.json").write_text(json.dumps(run))
+    result = summarize_experiment(copy)
+    assert result.gpu_shared is True
+    assert conditions.SHARED_GPU_LINE in result.notes
+
+
 # --- one real run, secrets in its environment ------------------------------------------
 
 @pytest.fixture(scope="module")

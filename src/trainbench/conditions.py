@@ -69,6 +69,12 @@ def redact_value(value: str) -> str:
     return _SECRET_VALUES.sub(REDACTED, value)
 
 
+SHARED_GPU_LINE = ("another process held a GPU of this run during the timed window (NVML "
+                   "counted more compute processes than this run's rank on it: another job, a "
+                   "probe left running, or a rank on the wrong device): its timings may not "
+                   "be this run's alone")
+
+
 def allocator_setting(environ: Mapping[str, str] | None = None) -> str:
     """The allocator configuration a process with this environment runs, as 'NAME=value'
     for each variable set, or 'torch default' where neither is."""

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .. import conditions
+from ..conditions import SHARED_GPU_LINE
 from ..plan import Plan
 from ..rundir import RUN_FILE, log_file_name, update_run_record
 from .log import StepMetrics
@@ -78,20 +79,21 @@ class WindowTelemetry:
             return
         node = self.stop()
         energy = node.get("energy_j") if node else None
-        # [nodes, nodes with energy, energy (J), nodes throttled]
+        # [nodes, nodes with energy, energy (J), nodes throttled, nodes with a shared GPU]
         facts = torch.tensor([1.0 if node else 0.0, 1.0 if energy is not None else 0.0,
-                              energy or 0.0, 1.0 if node and node.get("throttled") else 0.0],
+                              energy or 0.0, 1.0 if node and node.get("throttled") else 0.0,
+                              1.0 if node and node.get("shared_gpus") else 0.0],
                              dtype=torch.float64, device=self.device)
         dist.all_reduce(facts, op=dist.ReduceOp.SUM)
         if self.rank != 0:
             return
         first, last = self.window
         tokens = self.plan.seq_len * self.plan.gbs * (last - first + 1)
-        nodes, with_energy, total, throttled = facts.tolist()
+        nodes, with_energy, total, throttled, shared = facts.tolist()
         node = node or {"source": None, "samples": 0, "throttled": None, "throttle_reasons": [],
                         "missing": ["telemetry: rank 0 sampled nothing"]}
         summary = combine(node, total if with_energy else None, int(nodes), int(with_energy),
-                          int(throttled), tokens)
+                          int(throttled), tokens, nodes_shared=int(shared))
         summary["window"] = [first, last]
         try:  # a full disk leaves run.json as it was, and the run goes on
             update_run_record(self.exp_dir, {"telemetry": summary})
@@ -100,6 +102,8 @@ class WindowTelemetry:
         if summary.get("throttled"):
             self.log("trainbench: clocks throttled during the timed window: "
                      + ", ".join(summary["throttle_reasons"]))
+        if summary.get("gpu_shared"):
+            self.log(f"trainbench: {SHARED_GPU_LINE}")
 
     def stop(self) -> dict | None:
         """The sampler's node summary, stopping it (None where none ran)."""

@@ -89,6 +89,7 @@ class NvmlSource(_Source):
         self.energy_covers = f"{len(handles)} GPU(s) of this node (NVML energy counters)"
         self._reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        self._processes = getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None)
 
     def energy_j(self) -> float | None:
         # mJ since the driver loaded; a GPU older than Volta has no counter
@@ -102,6 +103,12 @@ class NvmlSource(_Source):
             out["power_w"].append(n.nvmlDeviceGetPowerUsage(h) / 1e3)  # mW
             out["temperature_c"].append(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
             out["reasons"] |= int(self._reasons(h))
+        if self._processes is not None:
+            try:
+                out["processes"] = [len(self._processes(h)) for h in self.handles]
+            except Exception as err:  # noqa: BLE001 - a VM or MIG may not say; said once
+                self._processes = None
+                self.missing.append(f"processes on the GPUs: {type(err).__name__}: {err}")
         return out
 
     def close(self) -> None:
@@ -323,6 +330,7 @@ class Sampler:
             out["clock_event_reasons"] = decode_clock_reasons(mask)[0]
             out["throttle_reasons"] = slowdown_names(mask)
             out["throttled"] = bool(out["throttle_reasons"]) if self.samples else None
+            out.update(shared_gpus([s["processes"] for s in self.samples if "processes" in s]))
         elif isinstance(self.source, CpuSysfsSource):
             out["cpu_clock_mhz"] = stats(flat("cpu_clock_mhz"))
             try:
@@ -339,8 +347,20 @@ class Sampler:
         return out
 
 
+def shared_gpus(process_counts: list[list[int]]) -> dict:
+    """From each sample's count of compute processes per GPU: the most each GPU had during
+    the window, and the GPUs that had more than this run's one rank (another job, a
+    probe left running, or a rank of this run on the wrong device). A GPU whose count
+    NVML does not show (0: a container that hides other PIDs) is claimed for nothing."""
+    if not process_counts:
+        return {"gpu_processes_max": None, "shared_gpus": None}
+    most = [max(column) for column in zip(*process_counts)]
+    return {"gpu_processes_max": most,
+            "shared_gpus": [i for i, count in enumerate(most) if count > 1]}
+
+
 def combine(node: dict, energy_j_all_nodes: float | None, nodes: int, nodes_with_energy: int,
-            nodes_throttled: int, tokens: int) -> dict:
+            nodes_throttled: int, tokens: int, nodes_shared: int = 0) -> dict:
     """Rank 0's node summary with the job-wide energy and throttling from every node."""
     out = dict(node)
     out["nodes"] = nodes
@@ -358,6 +378,12 @@ def combine(node: dict, energy_j_all_nodes: float | None, nodes: int, nodes_with
                 f"energy: only {nodes_with_energy} of {nodes} node(s) could read it, so no "
                 "job total"]
     out["window_tokens"] = tokens
+    if nodes_shared:
+        out["gpu_shared"] = True
+        if nodes > 1:
+            out["gpu_shared_nodes"] = f"{nodes_shared} of {nodes} node(s)"
+    elif node.get("shared_gpus") is not None:
+        out["gpu_shared"] = False
     if nodes_throttled:
         out["throttled"] = True
         if nodes > 1:

@@ -254,6 +254,8 @@ def print_summary(out, r) -> None:
         row("energy per token (J)", r.energy_per_token_j, "{:.4g}")
     if r.throttled:
         row("clocks", "THROTTLED during the timed window (see the notes)")
+    if r.gpu_shared:
+        row("GPU", "SHARED with another process during the timed window (see the notes)")
     if r.profiling_overhead:  # profiled steps against the window's unprofiled ones
         row("profiling overhead", r.profiling_overhead)
     if r.straggler:  # a rank's compute time > 5% above the median rank's

@@ -81,6 +81,9 @@ class ExperimentResult:
     throttled: bool | None = None
     """Whether clocks were throttled (power, thermal, HW slowdown) in the timed window;
     None where the machine cannot say."""
+    gpu_shared: bool | None = None
+    """Whether NVML counted another process on a GPU of this run during the timed window
+    (run.json telemetry); None where it could not say."""
     profiling_overhead_pct: float | None = None
     """A profiled run's mean step time over its profiled steps in the window against its
     unprofiled ones there, in percent (+10 = profiled steps 10% slower)."""

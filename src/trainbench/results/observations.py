@@ -1,11 +1,13 @@
 """What a trainbench run recorded about itself beyond its steps, in a result: profiling's
 cost measured on the run, the slowest rank (run.json `straggler`), energy and throttling
-(run.json `telemetry`)."""
+and a GPU another process shared (run.json `telemetry`)."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
+
+from ..conditions import SHARED_GPU_LINE
 
 if TYPE_CHECKING:
     from .rundir import RunFacts
@@ -102,3 +104,8 @@ def telemetry(result: ExperimentResult, facts: RunFacts) -> None:
         what = "GPU" if telemetry.get("source") == "nvml" else "CPU"
         result.notes.append(f"{what} throttled during the timed window ({reasons}): its "
                             "timings reflect lowered clocks")
+    shared = telemetry.get("gpu_shared")
+    result.gpu_shared = shared if isinstance(shared, bool) else None
+    if result.gpu_shared:
+        where = telemetry.get("gpu_shared_nodes")
+        result.notes.append(SHARED_GPU_LINE + (f" ({where})" if isinstance(where, str) else ""))
