@@ -234,10 +234,18 @@ def test_cli_hardware_json_and_bad_profiles(tmp_path):
     cpu = tmp_path / "cpu.json"
     data["machine"]["gpu_type"] = "cpu"
     cpu.write_text(json.dumps(data))
+    # A node's telemetry as the probe records it on its local rank 0, here with a second
+    # process on GPU 3 while the figures were timed.
+    shared = tmp_path / "shared.json"
+    data = json.loads(PROFILE.read_text())
+    data["ranks"][0]["telemetry"] = {"source": "nvml", "gpu_processes_max": [1, 1, 1, 2],
+                                     "shared_gpus": [3], "throttled": False}
+    shared.write_text(json.dumps(data))
     for bad, words in ((tmp_path / "missing.json", "no such file"),
                        (wrong, "schema 0"),
                        (other_gpu, "measured on b200"),
-                       (cpu, "measured on a CPU")):
+                       (cpu, "measured on a CPU"),
+                       (shared, "another process used GPUs while the probe timed them")):
         res = runner.invoke(app, [*args, "--hardware", str(bad)])
         assert res.exit_code == 2, res.output
         lines = [line for line in res.stderr.splitlines() if line.strip()]

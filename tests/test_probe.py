@@ -40,6 +40,12 @@ def test_probe_writes_a_profile_and_a_plot(probed):
     assert machine["torch"] == torch.__version__
     assert machine["backend"] == "gloo" and machine["ranks"] == 2 and machine["nodes"] == 1
     assert [r["rank"] for r in prof["ranks"]] == [0, 1]
+    # The node's conditions over the measurements, sampled once by its local rank 0: on
+    # this CPU, sysfs (no NVML, so no count of processes on GPUs: nothing claimed).
+    (node,) = [r["telemetry"] for r in prof["ranks"] if "telemetry" in r]
+    assert prof["ranks"][0]["telemetry"] is node
+    assert node["source"] == "cpu sysfs" and node["samples"] >= 2
+    assert node["shared_gpus"] is None and "another process" not in str(prof["verdict"])
     for r in prof["ranks"]:
         assert r["local_rank"] == r["rank"] and r["host"] == socket.gethostname()
         assert {(g["dtype"], g["shape"]) for g in r["gemm"]} == {
@@ -190,6 +196,22 @@ def test_verdict_flags_only_what_is_more_than_5_percent_below_its_peers():
     assert finding["below_pct"] == pytest.approx(6.7)
     assert "rank 3 (b, local index 1)" in finding["message"]
     assert P.health_verdict(ranks[:3], [])["status"] == "healthy"
+
+
+def test_verdict_notes_gpus_another_process_used_and_clocks_that_throttled():
+    """Each node's telemetry over the measurements (on its local rank 0): a second
+    process on a GPU, or throttled clocks, is said in the verdict's notes."""
+    ranks = [_rank(0, "a", 0, 800, 3000), _rank(1, "a", 1, 800, 3000),
+             _rank(2, "b", 0, 800, 3000), _rank(3, "b", 1, 800, 3000)]
+    ranks[0]["telemetry"] = {"shared_gpus": [], "throttled": False}
+    ranks[2]["telemetry"] = {"shared_gpus": [1], "throttled": True,
+                             "throttle_reasons": ["sw power cap"]}
+    notes = P.health_verdict(ranks, [])["notes"]
+    assert notes == [
+        "another process used these GPUs while they were timed: b (GPU 1): the figures are "
+        "not the hardware's alone; probe them again when nothing else runs on them",
+        "b: clocks throttled while timed (sw power cap)"]
+    assert P.shared_gpu_nodes(ranks[:2]) == []
 
 
 def test_cpu_ranks_of_one_host_are_not_compared_on_copy_bandwidth():

@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..probe.profile import shared_gpu_nodes
 from .constants import (DEFAULTS, FITTED_ON, Constants, calibrated_values, constants_for,
                         transfer_constants)
 from .context import MegatronRun
@@ -133,6 +134,12 @@ def read_facts(path: str | Path) -> HardwareFacts:
     if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
         raise HardwareProfileError(f"{where}: the profile lists no ranks; re-run "
                                    "`trainbench probe`")
+    shared = shared_gpu_nodes(ranks)
+    if shared:
+        raise HardwareProfileError(f"{where}: another process used GPUs while the probe timed "
+                                   f"them ({'; '.join(shared)}), so its figures are not the "
+                                   "hardware's; re-run `trainbench probe` when nothing else "
+                                   "runs on them")
     gemm: dict[str, tuple[float, int, str]] = {}
     for dtype in sorted({g.get("dtype") for r in ranks for g in r.get("gemm") or []
                          if isinstance(g, dict) and isinstance(g.get("dtype"), str)}):

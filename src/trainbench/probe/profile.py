@@ -277,6 +277,35 @@ def _where(rank: dict) -> str:
     return f"rank {rank['rank']} ({rank['host']}, local index {rank['local_rank']})"
 
 
+def shared_gpu_nodes(ranks: list[dict]) -> list[str]:
+    """'host (GPU 0, 3)' for each node whose GPUs another process used while the probe
+    timed them (the node's telemetry, recorded on its local rank 0)."""
+    out = []
+    for rank in ranks:
+        tel = rank.get("telemetry") if isinstance(rank, dict) else None
+        shared = tel.get("shared_gpus") if isinstance(tel, dict) else None
+        if isinstance(shared, list) and shared:
+            out.append(f"{rank.get('host')} (GPU {', '.join(str(g) for g in shared)})")
+    return out
+
+
+def conditions_notes(ranks: list[dict]) -> list[str]:
+    """The verdict's notes on how the figures were taken: GPUs another process shared,
+    clocks throttled."""
+    notes = []
+    shared = shared_gpu_nodes(ranks)
+    if shared:
+        notes.append(f"another process used these GPUs while they were timed: "
+                     f"{'; '.join(shared)}: the figures are not the hardware's alone; "
+                     "probe them again when nothing else runs on them")
+    for rank in ranks:
+        tel = rank.get("telemetry") if isinstance(rank, dict) else None
+        if isinstance(tel, dict) and tel.get("throttled"):
+            notes.append(f"{rank.get('host')}: clocks throttled while timed "
+                         f"({', '.join(tel.get('throttle_reasons') or [])})")
+    return notes
+
+
 def health_verdict(ranks: list[dict], collectives: list[dict]) -> dict:
     """Slow ranks (a GEMM or memory figure more than 5% below the median of the other
     ranks) and slow groups (the bus bandwidth at the largest size more than 5% below the
@@ -320,6 +349,7 @@ def health_verdict(ranks: list[dict], collectives: list[dict]) -> dict:
                                f"{last['busbw_gbs']:.3g} GB/s at {fmt_bytes(last['size'])} is "
                                f"{100 * shortfall:.0f}% below its peers' median "
                                f"({statistics.median(peers):.3g} GB/s)"})
+    notes.extend(conditions_notes(ranks))
     if any(_share_memory(a, b) for i, a in enumerate(ranks) for b in ranks[i + 1:]):
         notes.append("copy bandwidth and sustained GEMM rates are not compared between CPU "
                      "ranks of one host: they share its memory and cores, so a gap between "

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from ..engine import sdpa
 from ..engine.__main__ import die_with_parent, whole_lines
 from ..engine.models import mamba2
+from ..engine.telemetry import Sampler
 from . import profile as P
 
 # Timed repetitions: nccl-tests' defaults on a GPU (5 warm-up, 20 timed calls); on a CPU
@@ -399,6 +400,13 @@ def _profile(plan: dict, rank: "Rank", records: list, collectives: list) -> dict
     }
 
 
+def node_conditions(summary: dict) -> dict:
+    """What the profile keeps of the node's telemetry over the measurements."""
+    keys = ("source", "samples", "throttled", "throttle_reasons", "sm_clock_mhz",
+            "gpu_processes_max", "shared_gpus", "missing")
+    return {k: summary.get(k) for k in keys}
+
+
 def run(plan_path: Path) -> int:
     plan = json.loads(plan_path.read_text())
     out_dir = plan_path.parent
@@ -406,6 +414,12 @@ def run(plan_path: Path) -> int:
     torch, dist = rank.torch, rank.dist
     rank.say(f"{rank.world} ranks, {rank.device_name}; GEMMs in "
              f"{', '.join(plan['dtypes'])}")
+    # The node's clocks, throttling and other processes on its GPUs while the figures are
+    # taken: a profile timed beside another job is not the hardware's.
+    sampler = (Sampler(rank.device.type, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+               if rank.local_rank == 0 else None)
+    if sampler is not None:
+        sampler.start()
     gemm = rank.gemms()
     rank.say(f"sustained GEMMs: the largest shape for {plan.get('sustain_seconds', 0):g} s "
              "per dtype, all ranks at once")
@@ -426,6 +440,8 @@ def run(plan_path: Path) -> int:
         record["attention"] = attention
     if scan is not None:
         record["scan"] = scan
+    if sampler is not None:
+        record["telemetry"] = node_conditions(sampler.stop())
     if rank.speed < 1.0:
         record["slowed_by_test_hook"] = rank.speed
     records: list = [None] * rank.world
