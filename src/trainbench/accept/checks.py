@@ -9,10 +9,9 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..planning import load_plan
 from ..probe.profile import (MEMORY_METRIC, SUSTAINED_METRIC, ProbeError, load_profile,
                              rank_metrics)
-from ..results.predicted import allocated_peak_gib, predicted
+from ..results.predicted import allocated_peak_gib
 from ..results.summary import summarize_experiment
 from .rows import BUILD, CHECKPOINT, PROBE, PROFILE, Row
 from .runner import Finished, experiment_dir, run_limited, trainbench_command
@@ -127,9 +126,9 @@ def _measure(res: RowResult, exp: Path | None) -> None:
         # predict counts allocated bytes (its allowance stands for the allocator's
         # caching); the reserved peak stays beside it.
         res.memory_reserved_gib, res.memory_gib = res.memory_gib, allocated
-    pred = predicted(load_plan(exp / "plan.json"))
-    res.pred_step_s, res.pred_mfu_pct = pred["step_s"], pred["mfu_pct"]
-    res.pred_memory_gib = pred["memory_gib"]
+    # results' own figures for the run's plan, with the scan its run.json says ran
+    res.pred_step_s, res.pred_mfu_pct = r.predicted_step_time_s, r.predicted_mfu_pct
+    res.pred_memory_gib = r.predicted_memory_gib
     if r.mfu_problem:
         res.detail = r.mfu_problem
 

@@ -69,6 +69,8 @@ class ExperimentResult:
     results/predicted.py)."""
     step_time_vs_predicted_pct: float | None = None
     """The measured step time's gap from predict's, in percent (+10 = 10% slower)."""
+    predicted_mfu_pct: float | None = None
+    """predict's MFU for the same plan (published FLOPs, the dtype's dense peak)."""
     predicted_memory_gib: float | None = None
     """predict's peak memory per GPU for the same plan (tensors and its allowance)."""
     memory_vs_predicted_pct: float | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..catalog import hardware
-from ..plan import Plan, PlanError
+from ..plan import Plan
 from ..planning import validate
 from ..predict.context import ENGINE
 from ..predict.perf import predict_step
@@ -42,17 +42,15 @@ def predicted(plan: Plan) -> dict:
             "memory_gib": step.memory.total_gib}
 
 
-def plan_as_run(plan_data: dict, run: dict | None) -> Plan | None:
-    """The plan a run directory's plan.json describes, with the Mamba-2 scan its run.json
-    says ran (a plan's `auto` runs the torch scan where mamba_ssm does not import); None
-    for a plan.json this trainbench cannot read."""
+def plan_as_run(plan: Plan, run: dict | None) -> Plan | None:
+    """The run directory's plan with the Mamba-2 scan its run.json says ran (a plan's
+    `auto` runs the torch scan where mamba_ssm does not import); None for a plan.json
+    edited past the checks `run` and the engine make (a layer count of 10^12), which
+    gets no prediction rather than a model of it."""
     try:
-        plan = Plan.from_dict(plan_data)
-        # The checks `run` and the engine make: a plan.json edited past them (a layer
-        # count of 10^12) gets no prediction rather than a model of it.
         if validate(plan, plan.gpus, hardware.GPUS.get(plan.gpu_type)):
             return None
-    except (PlanError, TypeError, KeyError, ValueError, AttributeError, OverflowError):
+    except (TypeError, ValueError, ArithmeticError):
         return None
     scan = (run or {}).get("ssd_scan")
     if plan.ssd_scan == "auto" and isinstance(scan, str) and scan.startswith("torch"):
@@ -72,18 +70,21 @@ def gap(measured: float | None, predicted_value: float | None) -> float | None:
     return None if measured is None or not predicted_value else measured / predicted_value - 1
 
 
-def predict_beside(result: ExperimentResult, plan_data: dict | None, run: dict | None
-                   ) -> None:
-    """predict's figures for a successful trainbench GPU run, their gaps, and a note for
-    each gap over MISMATCH."""
-    if plan_data is None or result.status != SUCCESS or not result.comparable:
+def predict_beside(result: ExperimentResult, plan: Plan, run: dict | None) -> None:
+    """predict's figures for a trainbench GPU run's plan (a comparable run: not profiled
+    or traced), and for a successful one their gaps, with a note for each gap over
+    MISMATCH."""
+    if not result.comparable:
         return
-    plan = plan_as_run(plan_data, run)
+    plan = plan_as_run(plan, run)
     if plan is None or plan.device == "cpu":
         return
     figures = predicted(plan)
     result.predicted_step_time_s = figures["step_s"]
+    result.predicted_mfu_pct = figures["mfu_pct"]
     result.predicted_memory_gib = figures["memory_gib"]
+    if result.status != SUCCESS:
+        return
     allocated = allocated_peak_gib(result.records)
     memory = allocated if allocated is not None else result.peak_memory_gib
     result.predicted_memory_basis = "allocated" if allocated is not None else "reserved"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..catalog import models
 from ..files import MAX_RECORD_BYTES, describe_read_error, file_kind, is_regular, read_bounded
+from ..overrides import MAX_INT
 from ..plan import Plan
 from ..rundir import EXIT_FILE, METRICS_FILE, PLAN_FILE, RUN_FILE, launcher_gone, recorded_activity
 
@@ -102,6 +103,9 @@ class RunFacts:
     """What the trainbench files of a run directory say (all optional)."""
 
     plan: dict | None = None
+    parsed_plan: Plan | None = None
+    """plan.json as this trainbench's Plan, where it reads as one and its model's sizes
+    are a model's (predict's figures come from it)."""
     model: models.ModelSpec | None = None
     model_refused: bool = False
     """plan.json's model has sizes no model has: no FLOPs count, not even the catalog's."""
@@ -131,15 +135,13 @@ def read_json(path: Path, notes: list[str]) -> dict | None:
     return data
 
 
-MAX_SIZE = 2**31 - 1
-"""The largest count a plan can hold (`--set`'s bound): past it a plan.json was edited."""
 POSITIVE_SIZES = ("vocab_size", "hidden", "ffn", "layers", "heads", "kv_heads", "head_dim",
                   "seq_len")
 
 
 def model_size_problem(spec: models.ModelSpec) -> str | None:
     """Why a plan.json's model has sizes no model has (a negative width, zero heads, a
-    count past MAX_SIZE), or None. Its FLOPs and predict's figures would be nonsense:
+    count past MAX_INT, `--set`'s bound), or None. Its FLOPs and predict's figures would be nonsense:
     a negative TFLOPS, a division by zero, an integer beyond a float."""
     for f in fields(spec):
         value = getattr(spec, f.name)
@@ -148,7 +150,7 @@ def model_size_problem(spec: models.ModelSpec) -> str | None:
         if not isinstance(value, int) or isinstance(value, bool):
             return f"{f.name} = {str(value)[:20]!r}"
         low = 1 if f.name in POSITIVE_SIZES else 0
-        if not low <= value <= MAX_SIZE:
+        if not low <= value <= MAX_INT:
             shown = str(value) if len(str(value)) <= 20 else f"a number of {len(str(value))} digits"
             return f"{f.name} = {shown}"
     return None
@@ -159,8 +161,9 @@ def read_run_dir(directory: Path, notes: list[str]) -> RunFacts:
     facts.plan = read_json(directory / PLAN_FILE, notes)
     if facts.plan is not None:
         try:
-            facts.model = Plan.from_dict(dict(facts.plan)).model
-        except (TypeError, KeyError, ValueError):
+            facts.parsed_plan = Plan.from_dict(dict(facts.plan))
+            facts.model = facts.parsed_plan.model
+        except (TypeError, KeyError, ValueError, AttributeError):
             # A plan written by another trainbench version: the catalog still knows the model.
             try:
                 spec = models.get_model(facts.plan["workload"], facts.plan["size"])
@@ -172,7 +175,7 @@ def read_run_dir(directory: Path, notes: list[str]) -> RunFacts:
     if problem:
         notes.append(f"plan.json's model has sizes no model has ({problem}): no FLOPs count "
                      "or prediction from it")
-        facts.model, facts.model_refused = None, True
+        facts.model, facts.parsed_plan, facts.model_refused = None, None, True
     facts.run = read_json(directory / RUN_FILE, notes)
     facts.exit = read_json(directory / EXIT_FILE, notes)
     return facts

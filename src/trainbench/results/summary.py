@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import flops as fl, metrics
 from ..catalog import hardware, models, recipes, references
 from ..files import describe_read_error, is_regular
+from ..overrides import MAX_INT
 from ..plan import DTYPES, Layout
 from ..rundir import METRICS_FILE, launcher_gone
 from .experiment import ExperimentResult
@@ -23,8 +24,8 @@ from .metrics_jsonl import read_metrics_jsonl
 from .observations import profiling_overhead, straggler_note, telemetry
 from .parse import LogScan, scan_log
 from .predicted import predict_beside
-from .rundir import (MAX_SIZE, RunFacts, experiment_name, find_experiments, not_regular,
-                     read_run_dir, run_dir_log, still_running)
+from .rundir import (RunFacts, experiment_name, find_experiments, not_regular, read_run_dir,
+                     run_dir_log, still_running)
 from .window import NO_PEAK_CPU_FP8, window_metrics
 
 __all__ = ["ExperimentResult", "NO_PEAK_CPU_FP8", "check_options", "find_experiments",
@@ -135,8 +136,8 @@ def summarize_experiment(path: str | Path, *, window: tuple[int, int] | None = N
         # should, so it is never a Success.
         result.status = FAILED
     _compare(result, spec, convention, tolerance_pct)
-    if facts.model is not None:  # a model with sizes a plan can have
-        predict_beside(result, facts.plan, facts.run)
+    if facts.parsed_plan is not None:  # a plan with a model's sizes
+        predict_beside(result, facts.parsed_plan, facts.run)
     return result
 
 
@@ -358,8 +359,9 @@ def _model_spec(result: ExperimentResult, facts: RunFacts, notes: list[str]):
 
 
 def _size(value) -> int | None:
-    """A plan's count (GPUs, GBS, sequence length) as an int from 1 to MAX_SIZE, or None."""
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIZE:
+    """A plan's count (GPUs, GBS, sequence length) as an int from 1 to MAX_INT (`--set`'s
+    bound), or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_INT:
         return value
     return None
 
