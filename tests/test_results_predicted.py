@@ -103,3 +103,24 @@ def test_a_plan_json_edited_past_what_a_plan_can_be_gets_no_prediction(tmp_path,
     # No FLOPs count from it, nor the catalog's whole model: the log's own TFLOPS.
     assert r.tflops_source == "log" and r.tflops_per_gpu > 0
     assert any(n.startswith("plan.json's model has sizes no model has") for n in r.notes)
+
+
+def test_a_run_that_died_before_its_first_step_gets_predicts_figures_and_no_gap(tmp_path):
+    """The same H200 run's directory as a run that ended before any step (no
+    metrics.jsonl, a failed exit): predict's figures for its plan stand beside the
+    failure, with no gap and no finding."""
+    run = tmp_path / "run"
+    shutil.copytree(_run_dir(H200_28 / "accept_dense", "nemotron4-bf16"), run)
+    (run / "metrics.jsonl").unlink()
+    for log in run.glob("log-*.out"):
+        log.write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    exit_record = json.loads((run / "exit.json").read_text())
+    exit_record.update(exit_code=1, reason="a rank failed")
+    (run / "exit.json").write_text(json.dumps(exit_record))
+    r = summarize_experiment(run)
+    assert r.status == "Failed"
+    plan = load_plan(run / "plan.json")
+    assert r.predicted_step_time_s == pytest.approx(
+        predict_step(plan, sharding="engine").step_time_s)
+    assert r.step_time_vs_predicted_pct is None and r.memory_vs_predicted_pct is None
+    assert not [n for n in r.notes if n.startswith("finding:")]
