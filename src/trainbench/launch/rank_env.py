@@ -15,9 +15,9 @@ NCCL_TRACE = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "COLL,P2P,NET"}
 
 
 def rank_additions(plan, inherited: Mapping[str, str]) -> dict[str, str]:
-    """The variables trainbench sets for the ranks, given what they inherit (this shell's
-    environment, the cluster config's and the plan's --env). The plan's own --env is
-    applied between the NCCL trace's variables and these, so it wins over the former."""
+    """The variables trainbench sets for the ranks last, given what they inherit (this
+    shell's environment, the cluster config's and the plan's --env): the allocator's
+    setting only where the user left it unset, PYTHONUNBUFFERED always."""
     added = {}
     if plan.device == "cuda" and not any(name in inherited for name in ALLOCATOR_VARS):
         # Expandable segments let the caching allocator grow one mapping instead of
